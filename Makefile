@@ -1,0 +1,31 @@
+# Swarmgate: the two commands a newcomer needs are `make run` and `make test`.
+CARGO ?= cargo
+HOST ?= 127.0.0.1
+PORT ?= 8080
+
+.PHONY: models build run test fmt lint bench clean
+
+models:
+	@scripts/fetch-models.sh
+
+build:
+	$(CARGO) build --release --bin swarmgate
+
+run: models build
+	./target/release/swarmgate serve --host $(HOST) --port $(PORT)
+
+test: models
+	$(CARGO) test --workspace --all-targets
+
+fmt:
+	$(CARGO) fmt --all
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+bench: models build
+	./target/release/swarmgate bench --concurrency 1,4,16,32 --max-tokens 128
+
+clean:
+	$(CARGO) clean

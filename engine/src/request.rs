@@ -1,0 +1,192 @@
+//! What callers hand the engine and what they get back: a request to generate, and the stream
+//! of events that answers it. Plain data, no behaviour beyond validation and defaults.
+
+use std::time::Instant;
+
+/// Identifies one request (one sequence) inside an engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// How the next token is chosen from the logits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy (argmax); otherwise logits are divided by it before softmax.
+    pub temperature: f32,
+    /// Keep only the k most likely tokens (0: off).
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches top_p (1: off).
+    pub top_p: f32,
+    /// Drop tokens less likely than min_p times the most likely one (0: off).
+    pub min_p: f32,
+    /// Divides positive (multiplies negative) logits of tokens already seen (1: off).
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every token already generated (0: off).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit per time it was already generated (0: off).
+    pub frequency_penalty: f32,
+    /// Seeds this request's own random generator; the same seed gives the same tokens whatever
+    /// else is in the batch. `None` draws a seed at random.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding: always the most likely token.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// Rejects values no sampler can honour.
+    pub fn validate(&self) -> Result<(), String> {
+        let finite = |name: &str, v: f32| {
+            if v.is_finite() {
+                Ok(())
+            } else {
+                Err(format!("{name} must be a finite number"))
+            }
+        };
+        finite("temperature", self.temperature)?;
+        finite("top_p", self.top_p)?;
+        finite("min_p", self.min_p)?;
+        finite("repetition_penalty", self.repetition_penalty)?;
+        finite("presence_penalty", self.presence_penalty)?;
+        finite("frequency_penalty", self.frequency_penalty)?;
+        if self.temperature < 0.0 {
+            return Err("temperature must be >= 0".into());
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err("top_p must be in (0, 1]".into());
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err("min_p must be in [0, 1]".into());
+        }
+        if self.repetition_penalty <= 0.0 {
+            return Err("repetition_penalty must be > 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// The prompt, as text (the engine tokenizes it) or as token ids.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// One generation request.
+#[derive(Clone, Debug)]
+pub struct GenerateRequest {
+    pub prompt: Prompt,
+    pub sampling: SamplingParams,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Generation ends when the text contains one of these; the stop string is not emitted.
+    pub stop: Vec<String>,
+    /// Generation ends when one of these tokens is sampled (the model's EOS always counts unless
+    /// `ignore_eos`).
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    /// `Some(n)`: report each generated token's log-probability and the `n` most likely
+    /// alternatives (n may be 0).
+    pub logprobs: Option<usize>,
+    /// Higher runs first; equal priorities are served first come, first served. When memory runs
+    /// out, the newest sequence of the lowest priority is preempted.
+    pub priority: i32,
+    /// Past this instant the request ends with an error and frees its memory.
+    pub deadline: Option<Instant>,
+}
+
+impl GenerateRequest {
+    pub fn new(prompt: Prompt) -> Self {
+        Self {
+            prompt,
+            sampling: SamplingParams::default(),
+            max_tokens: 256,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+            priority: 0,
+            deadline: None,
+        }
+    }
+}
+
+/// The log-probability of one generated token and of its most likely alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// The most likely tokens at this position, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Why a sequence ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS, a stop token or a stop string.
+    Stop,
+    /// `max_tokens` reached, or the context window is full.
+    Length,
+    /// The caller dropped the stream.
+    Cancelled,
+    /// Deadline passed, or the engine failed.
+    Error,
+}
+
+impl FinishReason {
+    /// The name OpenAI's API uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Cancelled => "cancelled",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// Token counts of one request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// What the engine sends back for a request, in order: any number of `Delta`s, then exactly one
+/// `Finished`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// New tokens, and the text that became final with them. The text can be empty (a UTF-8
+    /// character or a possible stop string still incomplete) and can be released by a later
+    /// delta.
+    Delta {
+        text: String,
+        tokens: Vec<u32>,
+        logprobs: Vec<TokenLogprob>,
+    },
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+        /// Set when `reason` is `Error`.
+        error: Option<String>,
+    },
+}

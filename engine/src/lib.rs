@@ -4,6 +4,8 @@
 //! leave at every step (iteration-level scheduling).
 
 pub mod error;
+pub mod kv_cache;
+pub mod model;
 pub mod request;
 
 pub use error::{EngineError, Result};

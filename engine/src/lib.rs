@@ -4,7 +4,11 @@
 //! leave at every step (iteration-level scheduling).
 
 pub mod error;
+pub mod model;
 pub mod request;
+
+#[cfg(test)]
+pub(crate) mod test_support;
 
 pub use error::{EngineError, Result};
 pub use request::{

@@ -103,14 +103,16 @@ pub fn tokenizer_from_gguf(content: &Content) -> Result<Tokenizer> {
     };
     let bos = special_id("tokenizer.ggml.bos_token_id")?;
     let eos = special_id("tokenizer.ggml.eos_token_id")?;
-    let unk = special_id("tokenizer.ggml.unknown_token_id")?;
+    // Read only to reject a corrupt id; see the BPE below for why it is not used.
+    special_id("tokenizer.ggml.unknown_token_id")?;
     let pad = special_id("tokenizer.ggml.padding_token_id")?;
 
-    let mut bpe = BPE::builder().vocab_and_merges(vocab, merges);
-    if let Some((_, unk)) = &unk {
-        bpe = bpe.unk_token(unk.clone());
-    }
-    let bpe = bpe
+    // No unknown token: byte-level BPE only needs one for a byte missing from the vocabulary
+    // (SmolLM2 lacks 21 of the 256), and the GGUF's unknown id names `<|endoftext|>`, which
+    // would plant a document boundary in the prompt. Such bytes are dropped instead, as
+    // llama.cpp does.
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
         .build()
         .map_err(|e| EngineError::Tokenizer(format!("building the BPE model: {e}")))?;
 
@@ -429,6 +431,20 @@ mod tests {
             let decoded = tokenizer.decode(&ids, true).expect("decodes");
             assert_eq!(decoded, text, "round trip of {text:?} via {ids:?}");
         }
+    }
+
+    #[test]
+    fn bytes_missing_from_the_vocabulary_are_dropped() {
+        // U+0004 and the lead byte 0xF1 of U+40000 have no byte token in SmolLM2.
+        assert_eq!(smollm2_tokenizer().token_to_id("Ą"), None);
+        assert_eq!(smollm2_tokenizer().token_to_id("ñ"), None);
+        let ids = encode("a\u{4}b");
+        assert_eq!(ids, [id("a"), id("b")]);
+        let ids = encode("x\u{40000}");
+        assert!(!ids.contains(&0), "never <|endoftext|>: {ids:?}");
+        // Its three continuation bytes survive, and decode as invalid UTF-8.
+        let decoded = smollm2_tokenizer().decode(&ids, true).unwrap();
+        assert_eq!(decoded, "x\u{FFFD}\u{FFFD}\u{FFFD}");
     }
 
     #[test]

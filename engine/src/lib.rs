@@ -6,6 +6,7 @@
 pub mod error;
 pub mod model;
 pub mod request;
+pub mod stop;
 
 #[cfg(test)]
 pub(crate) mod test_support;

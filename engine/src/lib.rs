@@ -4,9 +4,12 @@
 //! leave at every step (iteration-level scheduling).
 
 pub mod error;
-pub mod kv_cache;
 pub mod model;
 pub mod request;
+pub mod stop;
+
+#[cfg(test)]
+pub(crate) mod test_support;
 
 pub use error::{EngineError, Result};
 pub use request::{

@@ -1,9 +1,13 @@
-//! The model runtime: GGUF loading, the llama forward over a ragged batch, and its kernels.
+//! Everything read from a model file: the llama forward over a ragged batch and its kernels, and
+//! the text side (tokenizer, chat template) built from GGUF metadata alone, so that no
+//! `tokenizer.json` has to sit beside it.
 
 pub mod attention;
+pub mod chat_template;
 pub mod gguf;
 pub mod linear;
 pub mod llama;
+pub mod tokenizer;
 
 pub use attention::SeqSlice;
 pub use gguf::Gguf;

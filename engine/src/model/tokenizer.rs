@@ -1,0 +1,558 @@
+//! Builds a `tokenizers::Tokenizer` from a GGUF file's `tokenizer.ggml.*` metadata alone.
+//!
+//! Supported: `tokenizer.ggml.model = "gpt2"` (byte-level BPE), with the pre-tokenizers named in
+//! [`pre_tokenizer`]. The result has no normalizer, a byte-level pre-tokenizer that never adds a
+//! prefix space, a byte-level decoder, and every control token (`token_type` 3) registered as a
+//! special added token, so that `<|im_start|>` in a prompt encodes to its own id and decoding with
+//! `skip_special_tokens` drops it.
+//!
+//! Invariants:
+//! - token ids are the GGUF's own: token `i` of `tokenizer.ggml.tokens` has id `i`;
+//! - an unknown `tokenizer.ggml.model` or `tokenizer.ggml.pre` is an error, never a guess: a
+//!   tokenizer that splits text slightly differently from training still "works" but quietly
+//!   degrades every generation, which is far worse than refusing to load.
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::processors::template::{SpecialToken, TemplateProcessing};
+use tokenizers::{
+    AddedToken, PaddingParams, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer,
+};
+
+use crate::{EngineError, Result};
+
+/// GPT-2's word-splitting regex: contractions, letter runs, digit runs and punctuation runs (each
+/// with at most one leading space), then whitespace. `\s+(?!\S)` leaves the last space of a run
+/// to the word after it, which is why "a   b" becomes "a", "  ", " b".
+const GPT2_PATTERN: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+
+/// llama.cpp's `token_type` values (`llama_token_type`) that change how a token is registered.
+const TOKEN_TYPE_CONTROL: i64 = 3;
+const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+
+/// Builds the tokenizer described by a GGUF's metadata.
+///
+/// Fails with [`EngineError::Tokenizer`] when a required key is missing or malformed, or when the
+/// tokenizer model or pre-tokenizer is one this module does not implement.
+pub fn tokenizer_from_gguf(content: &Content) -> Result<Tokenizer> {
+    let model = required_str(content, "tokenizer.ggml.model")?;
+    if model != "gpt2" {
+        return Err(EngineError::Tokenizer(format!(
+            "tokenizer.ggml.model = {model:?} is not supported (only \"gpt2\", byte-level BPE)"
+        )));
+    }
+    let pre = optional_str(content, "tokenizer.ggml.pre")?;
+
+    let tokens = string_array(content, "tokenizer.ggml.tokens")?;
+    let vocab_size = tokens.len();
+    let token_types = match content.metadata.get("tokenizer.ggml.token_type") {
+        Some(value) => int_array(value, "tokenizer.ggml.token_type")?,
+        None => vec![1; vocab_size],
+    };
+    if token_types.len() != vocab_size {
+        return Err(EngineError::Tokenizer(format!(
+            "tokenizer.ggml.token_type has {} entries for {vocab_size} tokens",
+            token_types.len()
+        )));
+    }
+
+    let mut vocab = Vocab::with_capacity(vocab_size);
+    for (id, token) in tokens.iter().enumerate() {
+        let id = u32::try_from(id)
+            .map_err(|_| EngineError::Tokenizer(format!("vocabulary of {vocab_size} tokens")))?;
+        if let Some(first) = vocab.insert(token.to_string(), id) {
+            // A repeated string leaves one of the two ids undecodable; refuse instead.
+            return Err(EngineError::Tokenizer(format!(
+                "token {token:?} appears twice in tokenizer.ggml.tokens (ids {first} and {id})"
+            )));
+        }
+    }
+
+    let merges = string_array(content, "tokenizer.ggml.merges")?
+        .into_iter()
+        .map(|merge| {
+            // Byte-level tokens never contain a space (it is mapped to 'Ġ'), so the first space
+            // is the separator.
+            merge
+                .split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| {
+                    EngineError::Tokenizer(format!(
+                        "tokenizer.ggml.merges entry {merge:?} is not two tokens separated by a space"
+                    ))
+                })
+        })
+        .collect::<Result<Vec<_>>>()?;
+
+    let special_id = |key: &str| -> Result<Option<(u32, String)>> {
+        match optional_u32(content, key)? {
+            None => Ok(None),
+            Some(id) => match tokens.get(id as usize) {
+                Some(token) => Ok(Some((id, token.to_string()))),
+                None => Err(EngineError::Tokenizer(format!(
+                    "{key} = {id} is outside the vocabulary of {vocab_size} tokens"
+                ))),
+            },
+        }
+    };
+    let bos = special_id("tokenizer.ggml.bos_token_id")?;
+    let eos = special_id("tokenizer.ggml.eos_token_id")?;
+    // Read only to reject a corrupt id; see the BPE below for why it is not used.
+    special_id("tokenizer.ggml.unknown_token_id")?;
+    let pad = special_id("tokenizer.ggml.padding_token_id")?;
+
+    // No unknown token: byte-level BPE only needs one for a byte missing from the vocabulary
+    // (SmolLM2 lacks 21 of the 256), and the GGUF's unknown id names `<|endoftext|>`, which
+    // would plant a document boundary in the prompt. Such bytes are dropped instead, as
+    // llama.cpp does.
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| EngineError::Tokenizer(format!("building the BPE model: {e}")))?;
+
+    let mut tokenizer = Tokenizer::new(bpe);
+    tokenizer.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
+    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+
+    let mut special = Vec::new();
+    let mut user_defined = Vec::new();
+    for (token, &kind) in tokens.iter().zip(&token_types) {
+        match kind {
+            TOKEN_TYPE_CONTROL => special.push(AddedToken::from(token.to_string(), true)),
+            // Stored as plain text; matched verbatim in input, like a non-special added token.
+            TOKEN_TYPE_USER_DEFINED => {
+                user_defined.push(AddedToken::from(token.to_string(), false))
+            }
+            _ => {}
+        }
+    }
+    tokenizer.add_special_tokens(special).map_err(tk)?;
+    tokenizer.add_tokens(user_defined).map_err(tk)?;
+
+    let add_bos = optional_bool(content, "tokenizer.ggml.add_bos_token")?.unwrap_or(false);
+    let add_eos = optional_bool(content, "tokenizer.ggml.add_eos_token")?.unwrap_or(false);
+    let bos = match (add_bos, bos) {
+        (false, _) => None,
+        (true, Some(bos)) => Some(bos),
+        (true, None) => {
+            return Err(EngineError::Tokenizer(
+                "tokenizer.ggml.add_bos_token is set but bos_token_id is missing".into(),
+            ))
+        }
+    };
+    let eos = match (add_eos, eos) {
+        (false, _) => None,
+        (true, Some(eos)) => Some(eos),
+        (true, None) => {
+            return Err(EngineError::Tokenizer(
+                "tokenizer.ggml.add_eos_token is set but eos_token_id is missing".into(),
+            ))
+        }
+    };
+    if let Some(processor) = bos_eos_processor(bos, eos)? {
+        tokenizer.with_post_processor(Some(processor));
+    }
+
+    if let Some((pad_id, pad_token)) = pad {
+        // Batch-longest padding is a no-op for single encodes; it only records the pad token.
+        tokenizer.with_padding(Some(PaddingParams {
+            pad_id,
+            pad_token,
+            ..PaddingParams::default()
+        }));
+    }
+    Ok(tokenizer)
+}
+
+/// The pre-tokenizer for a `tokenizer.ggml.pre` name: how raw text is cut into words before BPE.
+///
+/// Each arm lists the splitting steps; the byte-level mapping (without prefix space) is appended
+/// to all of them. Supporting another model is one more arm here.
+fn pre_tokenizer(pre: Option<&str>) -> Result<PreTokenizerWrapper> {
+    let mut steps: Vec<PreTokenizerWrapper> = match pre {
+        // Files converted before `tokenizer.ggml.pre` existed are plain GPT-2.
+        None | Some("gpt-2") | Some("gpt2") => vec![regex_split(GPT2_PATTERN)?],
+        // SmolLM: every digit is its own word, then GPT-2's regex.
+        Some("smollm") => vec![Digits::new(true).into(), regex_split(GPT2_PATTERN)?],
+        Some(other) => {
+            return Err(EngineError::Tokenizer(format!(
+                "tokenizer.ggml.pre = {other:?} is not supported (known: \"gpt-2\", \"smollm\")"
+            )))
+        }
+    };
+    // Splitting is done above; this step only maps bytes to BPE's printable alphabet.
+    steps.push(ByteLevel::new(false, true, false).into());
+    Ok(Sequence::new(steps).into())
+}
+
+/// A split step that keeps each regex match as its own word (and the text between matches too).
+fn regex_split(pattern: &str) -> Result<PreTokenizerWrapper> {
+    let split = Split::new(
+        SplitPattern::Regex(pattern.to_string()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(|e| EngineError::Tokenizer(format!("pre-tokenizer regex {pattern:?}: {e}")))?;
+    Ok(split.into())
+}
+
+/// A post-processor that wraps every encoded sequence in BOS and/or EOS, or `None` when the
+/// model wants neither (SmolLM2: its chat template already writes every special token).
+fn bos_eos_processor(
+    bos: Option<(u32, String)>,
+    eos: Option<(u32, String)>,
+) -> Result<Option<TemplateProcessing>> {
+    if bos.is_none() && eos.is_none() {
+        return Ok(None);
+    }
+    // Template pieces name entries of `special_tokens` by key, so fixed keys avoid any clash
+    // between token text (which may contain ':' or spaces) and the template syntax.
+    let mut special_tokens = Vec::new();
+    let (mut single, mut pair_a, mut pair_b) = (Vec::new(), Vec::new(), Vec::new());
+    if let Some((id, token)) = bos {
+        special_tokens.push(SpecialToken::new("bos".into(), vec![id], vec![token]).map_err(tk)?);
+        single.push("bos");
+        pair_a.push("bos");
+        pair_b.push("bos:1");
+    }
+    single.push("$A");
+    pair_a.push("$A");
+    pair_b.push("$B:1");
+    if let Some((id, token)) = eos {
+        special_tokens.push(SpecialToken::new("eos".into(), vec![id], vec![token]).map_err(tk)?);
+        single.push("eos");
+        pair_a.push("eos");
+        pair_b.push("eos:1");
+    }
+    pair_a.extend(pair_b);
+    let processor = TemplateProcessing::builder()
+        .try_single(single.join(" "))
+        .map_err(|e| EngineError::Tokenizer(format!("bos/eos template: {e}")))?
+        .try_pair(pair_a.join(" "))
+        .map_err(|e| EngineError::Tokenizer(format!("bos/eos template: {e}")))?
+        .special_tokens(special_tokens)
+        .build()
+        .map_err(|e| EngineError::Tokenizer(format!("bos/eos template: {e}")))?;
+    Ok(Some(processor))
+}
+
+fn tk(e: tokenizers::Error) -> EngineError {
+    EngineError::Tokenizer(e.to_string())
+}
+
+fn required_str<'a>(content: &'a Content, key: &str) -> Result<&'a str> {
+    optional_str(content, key)?.ok_or_else(|| EngineError::Tokenizer(format!("GGUF has no {key}")))
+}
+
+fn optional_str<'a>(content: &'a Content, key: &str) -> Result<Option<&'a str>> {
+    match content.metadata.get(key) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(wrong_type(key, "a string", other)),
+    }
+}
+
+fn optional_bool(content: &Content, key: &str) -> Result<Option<bool>> {
+    match content.metadata.get(key) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(other) => Err(wrong_type(key, "a bool", other)),
+    }
+}
+
+fn optional_u32(content: &Content, key: &str) -> Result<Option<u32>> {
+    match content.metadata.get(key) {
+        None => Ok(None),
+        Some(value) => {
+            let n = as_int(value).ok_or_else(|| wrong_type(key, "an integer", value))?;
+            u32::try_from(n)
+                .map(Some)
+                .map_err(|_| EngineError::Tokenizer(format!("{key} = {n} is not a token id")))
+        }
+    }
+}
+
+fn string_array<'a>(content: &'a Content, key: &str) -> Result<Vec<&'a str>> {
+    let value = content
+        .metadata
+        .get(key)
+        .ok_or_else(|| EngineError::Tokenizer(format!("GGUF has no {key}")))?;
+    let Value::Array(items) = value else {
+        return Err(wrong_type(key, "an array of strings", value));
+    };
+    items
+        .iter()
+        .map(|item| match item {
+            Value::String(s) => Ok(s.as_str()),
+            other => Err(wrong_type(key, "an array of strings", other)),
+        })
+        .collect()
+}
+
+fn int_array(value: &Value, key: &str) -> Result<Vec<i64>> {
+    let Value::Array(items) = value else {
+        return Err(wrong_type(key, "an array of integers", value));
+    };
+    items
+        .iter()
+        .map(|item| as_int(item).ok_or_else(|| wrong_type(key, "an array of integers", item)))
+        .collect()
+}
+
+/// Any GGUF integer type: writers differ in which width they pick for ids and token types.
+fn as_int(value: &Value) -> Option<i64> {
+    match *value {
+        Value::U8(v) => Some(v.into()),
+        Value::I8(v) => Some(v.into()),
+        Value::U16(v) => Some(v.into()),
+        Value::I16(v) => Some(v.into()),
+        Value::U32(v) => Some(v.into()),
+        Value::I32(v) => Some(v.into()),
+        Value::U64(v) => i64::try_from(v).ok(),
+        Value::I64(v) => Some(v),
+        _ => None,
+    }
+}
+
+fn wrong_type(key: &str, expected: &str, found: &Value) -> EngineError {
+    EngineError::Tokenizer(format!(
+        "{key} should be {expected}, found {:?}",
+        found.value_type()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{read_smollm2_content, smollm2_tokenizer};
+
+    fn encode(text: &str) -> Vec<u32> {
+        smollm2_tokenizer()
+            .encode(text, false)
+            .expect("encodes")
+            .get_ids()
+            .to_vec()
+    }
+
+    fn id(token: &str) -> u32 {
+        smollm2_tokenizer()
+            .token_to_id(token)
+            .unwrap_or_else(|| panic!("{token:?} is in the vocabulary"))
+    }
+
+    fn build_err(edit: impl FnOnce(&mut Content)) -> String {
+        let mut content = read_smollm2_content();
+        edit(&mut content);
+        match tokenizer_from_gguf(&content) {
+            Err(EngineError::Tokenizer(message)) => message,
+            Err(other) => panic!("expected a tokenizer error, got {other}"),
+            Ok(_) => panic!("expected the edited metadata to be rejected"),
+        }
+    }
+
+    #[test]
+    fn vocabulary_and_control_tokens() {
+        let tokenizer = smollm2_tokenizer();
+        assert_eq!(tokenizer.get_vocab_size(true), 49152);
+        assert_eq!(tokenizer.get_vocab_size(false), 49152);
+        assert_eq!(tokenizer.token_to_id("<|endoftext|>"), Some(0));
+        assert_eq!(tokenizer.token_to_id("<|im_start|>"), Some(1));
+        assert_eq!(tokenizer.token_to_id("<|im_end|>"), Some(2));
+        let specials: Vec<u32> = tokenizer
+            .get_added_tokens_decoder()
+            .iter()
+            .filter(|(_, token)| token.special)
+            .map(|(&id, _)| id)
+            .collect();
+        // SmolLM2 marks exactly ids 0..=16 as control tokens.
+        assert_eq!(specials.len(), 17);
+        assert!(specials.iter().all(|&id| id <= 16));
+        let padding = tokenizer.get_padding().expect("pad id recorded");
+        assert_eq!(
+            (padding.pad_id, padding.pad_token.as_str()),
+            (2, "<|im_end|>")
+        );
+    }
+
+    #[test]
+    fn known_encodings() {
+        assert_eq!(encode("Hello world"), vec![id("Hello"), id("Ġworld")]);
+        // No prefix space: the first word is not "ĠHello".
+        assert_ne!(id("Hello"), id("ĠHello"));
+        assert_eq!(encode("Hello"), vec![id("Hello")]);
+        assert_eq!(encode(" Hello"), vec![id("ĠHello")]);
+        // GPT-2's `\s+(?!\S)`: a run of spaces gives its last space to the next word.
+        assert_eq!(encode("a   b"), vec![id("a"), id("ĠĠ"), id("Ġb")]);
+    }
+
+    #[test]
+    fn digits_are_split_one_by_one() {
+        let digits: Vec<u32> = "12345".chars().map(|c| id(&c.to_string())).collect();
+        assert_eq!(encode("12345"), digits);
+        let ids = encode("in 2024 we");
+        assert_eq!(
+            ids,
+            vec![
+                id("in"),
+                id("Ġ"),
+                id("2"),
+                id("0"),
+                id("2"),
+                id("4"),
+                id("Ġwe")
+            ]
+        );
+    }
+
+    #[test]
+    fn round_trips() {
+        let tokenizer = smollm2_tokenizer();
+        let samples = [
+            "The quick brown fox jumps over the lazy dog.",
+            "Crème brûlée, naïve café, Ærøskøbing, Łódź, Straße",
+            "日本語のテキストと中文文本，还有한국어.",
+            "Emoji: 🙂👍🏽 family 👨‍👩‍👧 flags 🇫🇷 and ☕",
+            "fn main() {\n\tlet x = vec![1, 2, 3];\n\tif x.len() > 2 {\n\t\tprintln!(\"{x:?}\");\n\t}\n}\n",
+            "def f(a):\n    return a  *  2    # trailing   \n\n\n",
+            "   leading and trailing spaces   ",
+            "\n\nnewlines\r\n\r\nand\ttabs\t\t",
+            "12345 + 678.90 = 3.14159e10",
+            "it's they're we've I'm you'll he'd",
+            "",
+        ];
+        for text in samples {
+            let ids = encode(text);
+            let decoded = tokenizer.decode(&ids, true).expect("decodes");
+            assert_eq!(decoded, text, "round trip of {text:?} via {ids:?}");
+        }
+    }
+
+    #[test]
+    fn bytes_missing_from_the_vocabulary_are_dropped() {
+        // U+0004 and the lead byte 0xF1 of U+40000 have no byte token in SmolLM2.
+        assert_eq!(smollm2_tokenizer().token_to_id("Ą"), None);
+        assert_eq!(smollm2_tokenizer().token_to_id("ñ"), None);
+        let ids = encode("a\u{4}b");
+        assert_eq!(ids, [id("a"), id("b")]);
+        let ids = encode("x\u{40000}");
+        assert!(!ids.contains(&0), "never <|endoftext|>: {ids:?}");
+        // Its three continuation bytes survive, and decode as invalid UTF-8.
+        let decoded = smollm2_tokenizer().decode(&ids, true).unwrap();
+        assert_eq!(decoded, "x\u{FFFD}\u{FFFD}\u{FFFD}");
+    }
+
+    #[test]
+    fn control_tokens_inside_text_stay_whole() {
+        let tokenizer = smollm2_tokenizer();
+        let text = "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n";
+        let ids = encode(text);
+        assert_eq!(ids[0], 1);
+        assert_eq!(ids.iter().filter(|&&id| id == 1).count(), 2);
+        assert_eq!(ids.iter().filter(|&&id| id == 2).count(), 1);
+        assert_eq!(encode("<|im_start|>"), vec![1]);
+        assert_eq!(encode("<|im_end|>"), vec![2]);
+        assert_eq!(encode("x<|im_end|>y"), vec![id("x"), 2, id("y")]);
+        assert_eq!(tokenizer.decode(&ids, false).unwrap(), text);
+        assert_eq!(
+            tokenizer.decode(&ids, true).unwrap(),
+            "user\nHi there\nassistant\n"
+        );
+    }
+
+    #[test]
+    fn add_bos_token_prepends_bos() {
+        let mut content = read_smollm2_content();
+        content
+            .metadata
+            .insert("tokenizer.ggml.add_bos_token".into(), Value::Bool(true));
+        let tokenizer = tokenizer_from_gguf(&content).unwrap();
+        let ids = tokenizer.encode("Hello", true).unwrap().get_ids().to_vec();
+        assert_eq!(ids, vec![1, id("Hello")]);
+        // Callers that render a chat template ask for no extra tokens.
+        let ids = tokenizer.encode("Hello", false).unwrap().get_ids().to_vec();
+        assert_eq!(ids, vec![id("Hello")]);
+    }
+
+    #[test]
+    fn unsupported_model_is_rejected() {
+        let message = build_err(|c| {
+            c.metadata
+                .insert("tokenizer.ggml.model".into(), Value::String("llama".into()));
+        });
+        assert!(message.contains("\"llama\""), "{message}");
+    }
+
+    #[test]
+    fn unsupported_pre_tokenizer_is_rejected() {
+        let message = build_err(|c| {
+            c.metadata
+                .insert("tokenizer.ggml.pre".into(), Value::String("qwen2".into()));
+        });
+        assert!(message.contains("\"qwen2\""), "{message}");
+    }
+
+    /// The words a pre-tokenizer cuts `text` into, in the byte-level alphabet.
+    fn words(pre: Option<&str>, text: &str) -> Vec<String> {
+        use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+        let mut pretokenized = PreTokenizedString::from(text);
+        pre_tokenizer(pre)
+            .unwrap()
+            .pre_tokenize(&mut pretokenized)
+            .unwrap();
+        pretokenized
+            .get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(word, _, _)| word.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn pre_tokenizers_split_words() {
+        assert_eq!(
+            words(Some("smollm"), "ab 123 é!"),
+            ["ab", "Ġ", "1", "2", "3", "ĠÃ©", "!"]
+        );
+        // Plain GPT-2 keeps digit runs, and a missing name means plain GPT-2.
+        assert_eq!(
+            words(Some("gpt-2"), "ab 123 é!"),
+            ["ab", "Ġ123", "ĠÃ©", "!"]
+        );
+        assert_eq!(words(None, "ab 123"), ["ab", "Ġ123"]);
+        // Only a space (not a tab) may lead a word; the whitespace run keeps all but the last.
+        assert_eq!(words(Some("gpt-2"), "x  \n\ty"), ["x", "ĠĠĊ", "ĉ", "y"]);
+    }
+
+    #[test]
+    fn malformed_metadata_is_rejected() {
+        let message = build_err(|c| {
+            c.metadata.remove("tokenizer.ggml.merges");
+        });
+        assert!(message.contains("tokenizer.ggml.merges"), "{message}");
+
+        let message = build_err(|c| {
+            c.metadata.insert(
+                "tokenizer.ggml.merges".into(),
+                Value::Array(vec![Value::String("nospace".into())]),
+            );
+        });
+        assert!(message.contains("nospace"), "{message}");
+
+        let message = build_err(|c| {
+            c.metadata
+                .insert("tokenizer.ggml.eos_token_id".into(), Value::U32(60_000));
+        });
+        assert!(message.contains("60000"), "{message}");
+
+        let message = build_err(|c| {
+            c.metadata
+                .insert("tokenizer.ggml.token_type".into(), Value::Array(vec![]));
+        });
+        assert!(message.contains("token_type"), "{message}");
+    }
+}

@@ -1,0 +1,56 @@
+//! Shared fixtures for unit tests: the SmolLM2 GGUF under the workspace's `models/` directory,
+//! its parsed metadata, and the tokenizer built from it.
+//!
+//! Tests need the real model file; when it is absent they panic with the command that fetches
+//! it rather than skipping, so a green run always means the tests actually ran.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use candle_core::quantized::gguf_file::Content;
+use tokenizers::Tokenizer;
+
+/// The instruct model every engine unit test uses.
+pub(crate) const SMOLLM2_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The workspace's `models/` directory (a sibling of this crate).
+pub(crate) fn models_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models")
+}
+
+/// Path of a model file, panicking with a fetch hint when it is missing.
+pub(crate) fn model_path(name: &str) -> PathBuf {
+    let path = models_dir().join(name);
+    assert!(
+        path.is_file(),
+        "test model {} not found; run `make models` from the workspace root first",
+        path.display()
+    );
+    path
+}
+
+/// A fresh read of the SmolLM2 GGUF's metadata (tensors are not loaded), for tests that edit it.
+pub(crate) fn read_smollm2_content() -> Content {
+    let path = model_path(SMOLLM2_GGUF);
+    let mut file = std::fs::File::open(&path)
+        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+    Content::read(&mut file).unwrap_or_else(|e| panic!("cannot parse {}: {e}", path.display()))
+}
+
+/// The SmolLM2 GGUF's metadata, parsed once per test binary.
+pub(crate) fn smollm2_content() -> &'static Content {
+    static CONTENT: OnceLock<Content> = OnceLock::new();
+    CONTENT.get_or_init(read_smollm2_content)
+}
+
+/// The tokenizer built from the SmolLM2 GGUF, built once per test binary.
+pub(crate) fn smollm2_tokenizer() -> Arc<Tokenizer> {
+    static TOKENIZER: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    TOKENIZER
+        .get_or_init(|| {
+            let tokenizer = crate::model::tokenizer::tokenizer_from_gguf(smollm2_content())
+                .expect("SmolLM2 tokenizer builds from its GGUF");
+            Arc::new(tokenizer)
+        })
+        .clone()
+}

@@ -1,17 +1,263 @@
-//! Swarmgate's inference engine.
+//! Swarmgate's inference engine: many sequences, each at its own position, decoding together in
+//! one batch that requests join and leave at every step (iteration-level scheduling).
 //!
-//! Many sequences, each at its own position, decode together in one batch that requests join and
-//! leave at every step (iteration-level scheduling).
+//! The pieces, from the outside in:
+//! - [`EngineHandle`] is the cloneable front door: [`EngineHandle::submit`] validates a
+//!   [`GenerateRequest`] and returns an [`EventStream`] of text deltas and one final event.
+//!   Dropping the stream cancels the request.
+//! - [`worker`] runs the loop on its own thread: plan a step, run the model, sample, send events.
+//! - [`scheduler`] decides each step's batch (decodes first, then chunked prefills, then
+//!   admissions under a token budget) and preempts when KV blocks run out.
+//! - [`kv_cache`] is the paged KV cache: a block pool, per-sequence block tables freed on drop,
+//!   and the preallocated memory behind them.
+//! - [`model`] loads the GGUF and runs llama's forward over a ragged batch; its kernels are
+//!   batch-invariant, so a request's tokens do not depend on what shares its batch.
+//! - [`sampler`] and [`stop`] turn logits into tokens and tokens into streamed text.
 
+pub mod config;
 pub mod error;
+pub mod kv_cache;
 pub mod model;
 pub mod request;
+pub mod sampler;
+pub mod scheduler;
+pub mod sequence;
 pub mod stop;
-
 #[cfg(test)]
 pub(crate) mod test_support;
+mod worker;
 
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokenizers::Tokenizer;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+pub use config::EngineConfig;
 pub use error::{EngineError, Result};
+pub use model::chat_template::{ChatMessage, ChatTemplate};
 pub use request::{
     Event, FinishReason, GenerateRequest, Prompt, RequestId, SamplingParams, TokenLogprob, Usage,
 };
+pub use worker::EngineStats;
+
+use kv_cache::KvStorage;
+use model::{Gguf, Llama};
+use scheduler::SchedulerConfig;
+use worker::{Command, QueueSlot, Submission, Worker};
+
+/// What callers need to know about the served model.
+pub struct ModelInfo {
+    /// The model file's name without extension.
+    pub id: String,
+    pub tokenizer: Arc<Tokenizer>,
+    pub chat_template: ChatTemplate,
+    pub context_length: usize,
+    /// Tokens the KV cache can hold in all.
+    pub kv_capacity_tokens: usize,
+}
+
+struct Shared {
+    commands: Sender<Command>,
+    model: ModelInfo,
+    next_id: AtomicU64,
+    queued: Arc<AtomicUsize>,
+    max_queued: usize,
+    stats: Arc<EngineStats>,
+}
+
+/// Cloneable handle to a running engine. The engine stops when the last handle is dropped and
+/// its requests have finished.
+#[derive(Clone)]
+pub struct EngineHandle {
+    shared: Arc<Shared>,
+}
+
+impl EngineHandle {
+    /// Loads the model and starts the engine thread. Blocking: it reads the whole model.
+    pub fn start(config: &EngineConfig) -> Result<Self> {
+        config.validate().map_err(EngineError::InvalidRequest)?;
+        let mut gguf = Gguf::open(&config.model)?;
+        let tokenizer = Arc::new(model::tokenizer::tokenizer_from_gguf(gguf.content())?);
+        let chat_template = ChatTemplate::from_gguf(gguf.content())?;
+        let eos = vec![gguf.u32("tokenizer.ggml.eos_token_id")?];
+        let llama = Llama::load(&mut gguf)?;
+        let layout = llama.config().kv_layout(config.block_size);
+        let num_blocks = layout.blocks_for_budget(config.kv_cache_mb << 20);
+        if num_blocks < 2 {
+            return Err(EngineError::InvalidRequest(format!(
+                "--kv-cache-mb {} holds fewer than 2 blocks of {} bytes",
+                config.kv_cache_mb,
+                layout.bytes_per_block()
+            )));
+        }
+        tracing::info!(
+            model = %config.model.display(),
+            num_blocks,
+            block_size = config.block_size,
+            threads = config.threads(),
+            "engine starting"
+        );
+        let kv = KvStorage::new(layout, num_blocks);
+        let id = config
+            .model
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
+        let model_info = ModelInfo {
+            id,
+            tokenizer: tokenizer.clone(),
+            chat_template,
+            context_length: llama.config().context_length,
+            kv_capacity_tokens: num_blocks * config.block_size,
+        };
+        let scheduler = SchedulerConfig {
+            max_step_tokens: config.max_step_tokens,
+            max_running: config.max_running,
+            block_size: config.block_size,
+            watermark_blocks: (num_blocks / 100).max(1),
+        };
+        let stats = Arc::new(EngineStats::default());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(config.threads())
+            .thread_name(|i| format!("swarmgate-compute-{i}"))
+            .build()
+            .map_err(|e| EngineError::Model(format!("cannot start compute threads: {e}")))?;
+        let worker_stats = stats.clone();
+        std::thread::Builder::new()
+            .name("swarmgate-engine".into())
+            .spawn(move || {
+                pool.install(move || {
+                    Worker::new(llama, kv, scheduler, tokenizer, eos, rx, worker_stats).run()
+                })
+            })
+            .map_err(|e| EngineError::Model(format!("cannot start the engine thread: {e}")))?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                commands: tx,
+                model: model_info,
+                next_id: AtomicU64::new(1),
+                queued: Arc::new(AtomicUsize::new(0)),
+                max_queued: config.max_queued,
+                stats,
+            }),
+        })
+    }
+
+    pub fn model(&self) -> &ModelInfo {
+        &self.shared.model
+    }
+
+    pub fn stats(&self) -> &EngineStats {
+        &self.shared.stats
+    }
+
+    /// Renders chat messages with the model's own template, ready for generation.
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
+        self.shared.model.chat_template.render(messages, true)
+    }
+
+    /// Validates and queues a request. Fails at once, without queueing, when the request can
+    /// never be served or the engine is full.
+    pub fn submit(&self, request: GenerateRequest) -> Result<EventStream> {
+        let model = &self.shared.model;
+        request
+            .sampling
+            .validate()
+            .map_err(EngineError::InvalidRequest)?;
+        if request.max_tokens == 0 {
+            return Err(EngineError::InvalidRequest(
+                "max_tokens must be at least 1".into(),
+            ));
+        }
+        let prompt = match &request.prompt {
+            Prompt::Tokens(t) => t.clone(),
+            Prompt::Text(text) => model
+                .tokenizer
+                .encode(text.as_str(), false)
+                .map_err(|e| EngineError::Tokenizer(e.to_string()))?
+                .get_ids()
+                .to_vec(),
+        };
+        if prompt.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+        }
+        let vocab = model.tokenizer.get_vocab_size(true) as u32;
+        if let Some(t) = prompt.iter().find(|&&t| t >= vocab) {
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {t} is not in the vocabulary"
+            )));
+        }
+        let limit = model.context_length.min(model.kv_capacity_tokens);
+        if prompt.len() >= limit {
+            return Err(EngineError::InvalidRequest(format!(
+                "the prompt has {} tokens; this model takes at most {}",
+                prompt.len(),
+                limit - 1
+            )));
+        }
+        let slot =
+            QueueSlot::try_take(&self.shared.queued, self.shared.max_queued).ok_or_else(|| {
+                EngineError::Overloaded(format!(
+                    "{} requests already queued",
+                    self.shared.max_queued
+                ))
+            })?;
+        let id = RequestId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
+        let (events, rx) = unbounded_channel();
+        let prompt_tokens = prompt.len();
+        self.shared
+            .commands
+            .send(Command::Submit(Box::new(Submission {
+                id,
+                prompt,
+                request,
+                events,
+                slot,
+            })))
+            .map_err(|_| EngineError::Stopped)?;
+        Ok(EventStream {
+            id,
+            prompt_tokens,
+            rx,
+        })
+    }
+}
+
+/// The events of one request: deltas, then one `Finished`. Dropping it cancels the request.
+pub struct EventStream {
+    id: RequestId,
+    prompt_tokens: usize,
+    rx: UnboundedReceiver<Event>,
+}
+
+impl EventStream {
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_tokens
+    }
+
+    pub async fn next(&mut self) -> Option<Event> {
+        self.rx.recv().await
+    }
+
+    /// For synchronous callers (tools, tests); never call it inside an async runtime.
+    pub fn blocking_next(&mut self) -> Option<Event> {
+        self.rx.blocking_recv()
+    }
+}
+
+impl futures::Stream for EventStream {
+    type Item = Event;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        self.rx.poll_recv(cx)
+    }
+}

@@ -21,7 +21,8 @@ const TOLERANCE: f32 = 2e-3;
 const BLOCK: usize = 16;
 
 fn model_path() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let p =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(p.exists(), "{} is missing: run `make models`", p.display());
     p
 }
@@ -30,7 +31,9 @@ fn prompts() -> Vec<Vec<u32>> {
     // Real ChatML-shaped prompts: <|im_start|> (1), text ids, <|im_end|> (2), of several lengths.
     let mut s = 12345u64;
     let mut next = |n: u64| {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((s >> 33) % n) as u32
     };
     [3usize, 9, 17, 33, 70]
@@ -72,28 +75,44 @@ impl Ours {
         let mut batch = ForwardBatch::default();
         batch.push(tokens, 0, blocks(first_block, tokens.len() + 40), true);
         batch.logits_rows = (0..tokens.len() as u32).collect();
-        self.model.forward(&batch, &mut self.kv).unwrap().to_vec2().unwrap()
+        self.model
+            .forward(&batch, &mut self.kv)
+            .unwrap()
+            .to_vec2()
+            .unwrap()
     }
 
     fn greedy(&mut self, prompt: &[u32], n: usize, first_block: u32) -> Vec<u32> {
         let table = blocks(first_block, prompt.len() + n);
         let mut batch = ForwardBatch::default();
         batch.push(prompt, 0, table.clone(), true);
-        let mut logits: Vec<Vec<f32>> = self.model.forward(&batch, &mut self.kv).unwrap().to_vec2().unwrap();
+        let mut logits: Vec<Vec<f32>> = self
+            .model
+            .forward(&batch, &mut self.kv)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
         let mut out = Vec::new();
         for i in 0..n {
             let tok = argmax(&logits[0]);
             out.push(tok);
             let mut batch = ForwardBatch::default();
             batch.push(&[tok], prompt.len() + i, table.clone(), true);
-            logits = self.model.forward(&batch, &mut self.kv).unwrap().to_vec2().unwrap();
+            logits = self
+                .model
+                .forward(&batch, &mut self.kv)
+                .unwrap()
+                .to_vec2()
+                .unwrap();
         }
         out
     }
 }
 
 fn blocks(first: u32, tokens: usize) -> Vec<BlockId> {
-    (first..first + tokens.div_ceil(BLOCK) as u32).map(BlockId).collect()
+    (first..first + tokens.div_ceil(BLOCK) as u32)
+        .map(BlockId)
+        .collect()
 }
 
 fn reference() -> ModelWeights {
@@ -107,7 +126,12 @@ fn reference() -> ModelWeights {
 
 fn reference_step(r: &mut ModelWeights, tok: u32, pos: usize) -> Vec<f32> {
     let x = Tensor::new(&[[tok]], &Device::Cpu).unwrap();
-    r.forward(&x, pos).unwrap().squeeze(0).unwrap().to_vec1().unwrap()
+    r.forward(&x, pos)
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec1()
+        .unwrap()
 }
 
 #[test]
@@ -126,7 +150,11 @@ fn logits_and_greedy_continuations_match_reference() {
                 .map(|(a, b)| (a - b).abs())
                 .fold(0f32, f32::max);
             worst = worst.max(diff);
-            assert!(diff <= TOLERANCE, "prompt len {} pos {pos}: max |diff| {diff}", prompt.len());
+            assert!(
+                diff <= TOLERANCE,
+                "prompt len {} pos {pos}: max |diff| {diff}",
+                prompt.len()
+            );
         }
         // Greedy continuation of 32 tokens on both sides.
         let mut expect = Vec::new();
@@ -140,7 +168,12 @@ fn logits_and_greedy_continuations_match_reference() {
             expect.push(tok);
             logits = reference_step(&mut reference, tok, prompt.len() + i);
         }
-        assert_eq!(ours.greedy(&prompt, 32, 0), expect, "prompt len {}", prompt.len());
+        assert_eq!(
+            ours.greedy(&prompt, 32, 0),
+            expect,
+            "prompt len {}",
+            prompt.len()
+        );
     }
     eprintln!("worst logit difference vs reference: {worst:e}");
 }
@@ -159,11 +192,20 @@ fn ragged_batch_equals_sequences_alone() {
         batch.push(p, 0, table, true);
     }
     batch.logits_rows = (0..batch.tokens.len() as u32).collect();
-    let together: Vec<Vec<f32>> = ours.model.forward(&batch, &mut ours.kv).unwrap().to_vec2().unwrap();
+    let together: Vec<Vec<f32>> = ours
+        .model
+        .forward(&batch, &mut ours.kv)
+        .unwrap()
+        .to_vec2()
+        .unwrap();
     let mut row = 0;
     for (p, alone) in prompts.iter().zip(&alone) {
         for pos in 0..p.len() {
-            assert!(together[row] == alone[pos], "prompt len {} pos {pos} differs", p.len());
+            assert!(
+                together[row] == alone[pos],
+                "prompt len {} pos {pos} differs",
+                p.len()
+            );
             row += 1;
         }
     }

@@ -97,7 +97,10 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     let chunks = a.len() / LANES;
     for c in 0..chunks {
-        let (a, b) = (&a[c * LANES..(c + 1) * LANES], &b[c * LANES..(c + 1) * LANES]);
+        let (a, b) = (
+            &a[c * LANES..(c + 1) * LANES],
+            &b[c * LANES..(c + 1) * LANES],
+        );
         for l in 0..LANES {
             acc[l] = a[l].mul_add(b[l], acc[l]);
         }

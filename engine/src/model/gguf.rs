@@ -18,11 +18,15 @@ pub struct Gguf {
 impl Gguf {
     pub fn open(path: &Path) -> Result<Self> {
         let file = File::open(path).map_err(|e| {
-            EngineError::Model(format!("cannot open {}: {e} (run `make models`)", path.display()))
+            EngineError::Model(format!(
+                "cannot open {}: {e} (run `make models`)",
+                path.display()
+            ))
         })?;
         let mut reader = BufReader::new(file);
-        let content = gguf_file::Content::read(&mut reader)
-            .map_err(|e| EngineError::Model(format!("{} is not a GGUF file: {e}", path.display())))?;
+        let content = gguf_file::Content::read(&mut reader).map_err(|e| {
+            EngineError::Model(format!("{} is not a GGUF file: {e}", path.display()))
+        })?;
         Ok(Self {
             path: path.to_path_buf(),
             content,
@@ -45,7 +49,11 @@ impl Gguf {
             .ok_or_else(|| EngineError::Model(format!("GGUF metadata has no {key}")))
     }
 
-    fn typed<T>(&self, key: &str, get: impl Fn(&gguf_file::Value) -> candle_core::Result<T>) -> Result<T> {
+    fn typed<T>(
+        &self,
+        key: &str,
+        get: impl Fn(&gguf_file::Value) -> candle_core::Result<T>,
+    ) -> Result<T> {
         get(self.value(key)?).map_err(|e| EngineError::Model(format!("GGUF metadata {key}: {e}")))
     }
 

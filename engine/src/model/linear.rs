@@ -333,7 +333,10 @@ fn block_rows(t: &QTensor, n: usize, k: usize) -> candle_core::Result<Vec<Vec<Bl
         }),
         other => {
             tracing::warn!(dtype = ?other, "weights requantized to 8 bits: not bit-exact");
-            let values = t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
+            let values = t
+                .dequantize(&Device::Cpu)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
             Ok(values
                 .chunks_exact(k)
                 .map(|row| row.chunks_exact(QK).map(requantize).collect())
@@ -389,7 +392,9 @@ mod tests {
         let mut s = seed;
         let w: Vec<f32> = (0..n * k)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
             })
             .collect();
@@ -397,7 +402,9 @@ mod tests {
     }
 
     fn input(rows: usize, k: usize) -> Vec<f32> {
-        (0..rows * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect()
+        (0..rows * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect()
     }
 
     #[test]

@@ -65,7 +65,9 @@ impl LlamaConfig {
         })
         .and_then(|c: Self| {
             if c.rope_dim != c.head_dim || c.n_heads % c.n_kv_heads != 0 {
-                return Err(EngineError::Model(format!("unsupported head layout: {c:?}")));
+                return Err(EngineError::Model(format!(
+                    "unsupported head layout: {c:?}"
+                )));
             }
             Ok(c)
         })
@@ -162,7 +164,9 @@ impl Llama {
         let mut emb = Vec::with_capacity(t * c.hidden);
         for &tok in &batch.tokens {
             if tok as usize >= c.vocab_size {
-                return Err(EngineError::InvalidRequest(format!("token id {tok} out of range")));
+                return Err(EngineError::InvalidRequest(format!(
+                    "token id {tok} out of range"
+                )));
             }
             emb.extend(self.embed.row(tok as usize));
         }
@@ -195,7 +199,9 @@ impl Llama {
         let h = rms_norm(x, &layer.attn_norm, c.rms_eps)?;
         let qkv = layer.qkv.forward(&h)?;
         let heads = |offset: usize, n: usize| -> Result<Tensor> {
-            let part = qkv.narrow(D::Minus1, offset, n * c.head_dim)?.contiguous()?;
+            let part = qkv
+                .narrow(D::Minus1, offset, n * c.head_dim)?
+                .contiguous()?;
             Ok(part.reshape((t, n, 1, c.head_dim))?)
         };
         let q = self.rotate(&heads(0, c.n_heads)?, cos, sin)?;

@@ -32,7 +32,8 @@ impl ForwardBatch {
     pub fn push(&mut self, tokens: &[u32], pos0: usize, blocks: Vec<BlockId>, logits: bool) {
         let start = self.tokens.len();
         self.tokens.extend_from_slice(tokens);
-        self.positions.extend((pos0..pos0 + tokens.len()).map(|p| p as u32));
+        self.positions
+            .extend((pos0..pos0 + tokens.len()).map(|p| p as u32));
         self.seqs.push(SeqSlice {
             start,
             len: tokens.len(),

@@ -1,0 +1,70 @@
+//! The engine's settings: one struct that is both command-line flags and (later) a TOML section.
+
+use std::path::PathBuf;
+
+/// Engine settings. Every flag also reads a `SWARMGATE_*` environment variable.
+#[derive(Clone, Debug, clap::Args, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineConfig {
+    /// The GGUF model to serve.
+    #[arg(
+        long,
+        env = "SWARMGATE_MODEL",
+        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )]
+    pub model: PathBuf,
+    /// Memory for the KV cache, in MiB; the block pool is preallocated from it.
+    #[arg(long, env = "SWARMGATE_KV_CACHE_MB", default_value_t = 1024)]
+    pub kv_cache_mb: usize,
+    /// Tokens per KV block.
+    #[arg(long, env = "SWARMGATE_BLOCK_SIZE", default_value_t = 16)]
+    pub block_size: usize,
+    /// Most tokens in one forward pass (decode tokens plus prefill chunks). Smaller keeps
+    /// inter-token latency low while long prompts are prefilled; larger prefills faster.
+    #[arg(long, env = "SWARMGATE_MAX_STEP_TOKENS", default_value_t = 256)]
+    pub max_step_tokens: usize,
+    /// Most sequences decoding at once.
+    #[arg(long, env = "SWARMGATE_MAX_RUNNING", default_value_t = 64)]
+    pub max_running: usize,
+    /// Most requests in the engine (running and queued); beyond it submissions are refused as
+    /// overloaded rather than queued without bound.
+    #[arg(long, env = "SWARMGATE_MAX_QUEUED", default_value_t = 512)]
+    pub max_queued: usize,
+    /// Compute threads (default: one per core).
+    #[arg(long, env = "SWARMGATE_THREADS")]
+    pub threads: Option<usize>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            model: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            kv_cache_mb: 1024,
+            block_size: 16,
+            max_step_tokens: 256,
+            max_running: 64,
+            max_queued: 512,
+            threads: None,
+        }
+    }
+}
+
+impl EngineConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.block_size == 0 || self.max_step_tokens == 0 || self.max_running == 0 {
+            return Err("block size, step tokens and running sequences must be positive".into());
+        }
+        if self.threads == Some(0) {
+            return Err("threads must be positive".into());
+        }
+        Ok(())
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
+    }
+}

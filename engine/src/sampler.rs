@@ -1,0 +1,313 @@
+//! Choosing the next token from a row of logits.
+//!
+//! Order of operations (as vLLM and OpenAI define them): penalties on the raw logits
+//! (repetition over prompt and output; presence and frequency over output only), then greedy
+//! argmax when temperature is 0, otherwise temperature, then the min_p, top_k and top_p filters,
+//! then one draw from the request's own random generator. Each request owns its generator, seeded
+//! from its `seed`, so its tokens never depend on what else shares the batch.
+//!
+//! Log-probabilities are those of the model's distribution (log-softmax of the raw logits), as
+//! OpenAI reports them, not of the filtered distribution that was sampled.
+//!
+//! Cost: O(vocab) per token. The nucleus (top_p) is found by partial selection of growing
+//! candidate sets rather than a full sort of the vocabulary.
+
+use std::collections::{HashMap, HashSet};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::request::{SamplingParams, TokenLogprob};
+
+/// The token chosen, and its log-probabilities when they were asked for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    pub logprob: Option<TokenLogprob>,
+}
+
+pub struct Sampler {
+    params: SamplingParams,
+    rng: StdRng,
+    top_logprobs: Option<usize>,
+    /// Tokens of the prompt, for the repetition penalty (empty when that penalty is off).
+    prompt_tokens: HashSet<u32>,
+    /// How often each token was generated, for all three penalties.
+    output_counts: HashMap<u32, u32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams, top_logprobs: Option<usize>, prompt: &[u32]) -> Self {
+        let seed = params.seed.unwrap_or_else(rand::random);
+        let prompt_tokens = if params.repetition_penalty != 1.0 {
+            prompt.iter().copied().collect()
+        } else {
+            HashSet::new()
+        };
+        Self {
+            params,
+            rng: StdRng::seed_from_u64(seed),
+            top_logprobs,
+            prompt_tokens,
+            output_counts: HashMap::new(),
+        }
+    }
+
+    /// Picks the next token from `logits` (overwritten as scratch) and records it as generated.
+    pub fn sample(&mut self, logits: &mut [f32]) -> Sampled {
+        let logprob_of = self.top_logprobs.map(|n| (log_softmax(logits), n));
+        self.apply_penalties(logits);
+        let token = if self.params.temperature == 0.0 {
+            argmax(logits)
+        } else {
+            self.draw(logits)
+        };
+        *self.output_counts.entry(token).or_insert(0) += 1;
+        let logprob = logprob_of.map(|(lp, n)| TokenLogprob {
+            token,
+            logprob: lp[token as usize],
+            top: top_n(&lp, n),
+        });
+        Sampled { token, logprob }
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            let seen = self.prompt_tokens.iter().chain(self.output_counts.keys());
+            for &t in seen {
+                let l = &mut logits[t as usize];
+                *l = if *l > 0.0 {
+                    *l / p.repetition_penalty
+                } else {
+                    *l * p.repetition_penalty
+                };
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for (&t, &count) in &self.output_counts {
+                logits[t as usize] -= p.presence_penalty + p.frequency_penalty * count as f32;
+            }
+        }
+    }
+
+    /// Temperature, filters, one draw.
+    fn draw(&mut self, logits: &mut [f32]) -> u32 {
+        let p = &self.params;
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let inv_t = 1.0 / p.temperature;
+        // Unnormalised probabilities; filters zero out what they drop.
+        for l in logits.iter_mut() {
+            *l = ((*l - max) * inv_t).exp();
+        }
+        let probs = logits;
+        if p.min_p > 0.0 {
+            // The most likely token has weight exp(0) = 1.
+            for x in probs.iter_mut() {
+                if *x < p.min_p {
+                    *x = 0.0;
+                }
+            }
+        }
+        let mut candidates: Vec<u32> = (0..probs.len() as u32)
+            .filter(|&i| probs[i as usize] > 0.0)
+            .collect();
+        if p.top_k > 0 && p.top_k < candidates.len() {
+            partition_top(&mut candidates, probs, p.top_k);
+            candidates.truncate(p.top_k);
+        }
+        if p.top_p < 1.0 {
+            nucleus(&mut candidates, probs, p.top_p);
+        }
+        let total: f32 = candidates.iter().map(|&i| probs[i as usize]).sum();
+        let mut u = self.rng.random::<f32>() * total;
+        for &i in &candidates {
+            u -= probs[i as usize];
+            if u <= 0.0 {
+                return i;
+            }
+        }
+        *candidates
+            .last()
+            .expect("the most likely token always survives the filters")
+    }
+}
+
+/// Index of the largest value; the lowest index wins ties.
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn log_softmax(logits: &[f32]) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
+    let log_z = max + sum.ln();
+    logits.iter().map(|&l| l - log_z).collect()
+}
+
+/// The `n` largest entries of `values`, largest first (lowest index first among equals).
+fn top_n(values: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let mut idx: Vec<u32> = (0..values.len() as u32).collect();
+    let n = n.min(idx.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    partition_top(&mut idx, values, n);
+    idx.truncate(n);
+    sort_desc(&mut idx, values);
+    idx.into_iter().map(|i| (i, values[i as usize])).collect()
+}
+
+/// Moves the `k` largest candidates to the front (in no particular order).
+fn partition_top(candidates: &mut [u32], values: &[f32], k: usize) {
+    if k < candidates.len() {
+        candidates.select_nth_unstable_by(k - 1, |&a, &b| cmp_desc(values, a, b));
+    }
+}
+
+fn cmp_desc(values: &[f32], a: u32, b: u32) -> std::cmp::Ordering {
+    values[b as usize]
+        .total_cmp(&values[a as usize])
+        .then(a.cmp(&b))
+}
+
+fn sort_desc(candidates: &mut [u32], values: &[f32]) {
+    candidates.sort_unstable_by(|&a, &b| cmp_desc(values, a, b));
+}
+
+/// Keeps the smallest most-likely prefix of `candidates` whose mass reaches `top_p` of the total.
+fn nucleus(candidates: &mut Vec<u32>, probs: &[f32], top_p: f32) {
+    let total: f32 = candidates.iter().map(|&i| probs[i as usize]).sum();
+    let target = top_p * total;
+    // Grow the partially selected head until it holds enough mass, then sort only that head.
+    let mut head = 64.min(candidates.len());
+    loop {
+        partition_top(candidates, probs, head);
+        let mass: f32 = candidates[..head].iter().map(|&i| probs[i as usize]).sum();
+        if mass >= target || head == candidates.len() {
+            break;
+        }
+        head = (head * 4).min(candidates.len());
+    }
+    candidates.truncate(head);
+    sort_desc(candidates, probs);
+    let mut acc = 0.0;
+    let keep = candidates
+        .iter()
+        .position(|&i| {
+            acc += probs[i as usize];
+            acc >= target
+        })
+        .map_or(candidates.len(), |p| p + 1);
+    candidates.truncate(keep);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+        let mut p = SamplingParams {
+            seed: Some(7),
+            ..SamplingParams::default()
+        };
+        f(&mut p);
+        p
+    }
+
+    fn logits() -> Vec<f32> {
+        vec![1.0, 3.0, 2.0, 0.5, 2.9, -1.0]
+    }
+
+    #[test]
+    fn greedy_takes_the_argmax() {
+        let mut s = Sampler::new(SamplingParams::greedy(), None, &[]);
+        assert_eq!(s.sample(&mut logits()).token, 1);
+    }
+
+    #[test]
+    fn same_seed_same_tokens() {
+        let run = || {
+            let mut s = Sampler::new(params(|_| {}), None, &[]);
+            (0..50)
+                .map(|_| s.sample(&mut logits()).token)
+                .collect::<Vec<_>>()
+        };
+        let a = run();
+        assert_eq!(a, run());
+        assert!(
+            a.iter().collect::<HashSet<_>>().len() > 2,
+            "temperature 1 explores"
+        );
+    }
+
+    #[test]
+    fn top_k_one_is_greedy() {
+        let mut s = Sampler::new(params(|p| p.top_k = 1), None, &[]);
+        for _ in 0..20 {
+            assert_eq!(s.sample(&mut logits()).token, 1);
+        }
+    }
+
+    #[test]
+    fn top_p_keeps_only_the_nucleus() {
+        // Probabilities of tokens 1 and 4 dominate: a small top_p keeps only them.
+        let mut s = Sampler::new(params(|p| p.top_p = 0.5), None, &[]);
+        for _ in 0..50 {
+            let t = s.sample(&mut logits()).token;
+            assert!(t == 1 || t == 4, "sampled {t}");
+        }
+    }
+
+    #[test]
+    fn min_p_drops_unlikely_tokens() {
+        let mut s = Sampler::new(params(|p| p.min_p = 0.5), None, &[]);
+        for _ in 0..50 {
+            let t = s.sample(&mut logits()).token;
+            assert!([1, 2, 4].contains(&t), "sampled {t}");
+        }
+    }
+
+    #[test]
+    fn penalties_push_away_from_repeats() {
+        let mut s = Sampler::new(
+            SamplingParams {
+                frequency_penalty: 1.0,
+                ..SamplingParams::greedy()
+            },
+            None,
+            &[],
+        );
+        assert_eq!(s.sample(&mut logits()).token, 1);
+        // Token 1 now costs 1.0: 2.0 < 2.9, so token 4 wins.
+        assert_eq!(s.sample(&mut logits()).token, 4);
+        let mut r = Sampler::new(
+            SamplingParams {
+                repetition_penalty: 2.0,
+                ..SamplingParams::greedy()
+            },
+            None,
+            &[1],
+        );
+        // Token 1 is in the prompt: 3.0 / 2 = 1.5 < 2.9.
+        assert_eq!(r.sample(&mut logits()).token, 4);
+    }
+
+    #[test]
+    fn logprobs_are_the_models() {
+        let mut s = Sampler::new(SamplingParams::greedy(), Some(2), &[]);
+        let lp = s.sample(&mut logits()).logprob.unwrap();
+        let expect = log_softmax(&logits());
+        assert_eq!(lp.token, 1);
+        assert!((lp.logprob - expect[1]).abs() < 1e-6);
+        assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 4]);
+        let total: f32 = expect.iter().map(|l| l.exp()).sum();
+        assert!((total - 1.0).abs() < 1e-5);
+    }
+}

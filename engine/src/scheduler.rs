@@ -1,0 +1,507 @@
+//! Iteration-level scheduling: which sequences run in the next forward pass, with how many
+//! tokens each, and who gives up memory when it runs out.
+//!
+//! Contract (as in vLLM v1): [`Scheduler::schedule`] returns a [`StepPlan`]; the caller runs the
+//! model on it, then calls [`Scheduler::commit`] and, for each sampled token,
+//! [`Scheduler::append`]; finished, cancelled or expired sequences leave through
+//! [`Scheduler::remove`], and their blocks go back to the pool as they are dropped.
+//!
+//! Each step, under a per-step token budget:
+//! 1. every decoding sequence gets its one token (so a long prompt never stalls them);
+//! 2. running sequences still filling their cache get a chunk (chunked prefill);
+//! 3. waiting sequences are admitted, highest priority then first come first served, while their
+//!    first chunk's blocks fit (keeping a small watermark free for decodes). The queue head is
+//!    never skipped, so a large request cannot be starved by small ones.
+//!
+//! When a decoding sequence needs a block and none is free, the newest sequence of the lowest
+//! priority that is not yet scheduled this step is preempted: its blocks are freed and it goes
+//! back to the waiting queue, to be recomputed from its tokens later.
+
+use crate::kv_cache::{BlockId, BlockPool};
+use crate::request::RequestId;
+use crate::sequence::Sequence;
+
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Most tokens (decode tokens plus prefill chunks) in one forward pass.
+    pub max_step_tokens: usize,
+    /// Most sequences running at once.
+    pub max_running: usize,
+    pub block_size: usize,
+    /// Blocks admission leaves free so running sequences can keep decoding.
+    pub watermark_blocks: usize,
+}
+
+/// One sequence's share of a step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanItem {
+    pub id: RequestId,
+    /// Position of the first token.
+    pub pos0: usize,
+    pub tokens: Vec<u32>,
+    pub blocks: Vec<BlockId>,
+    /// The chunk reaches the end of the sequence: sample its next token.
+    pub sample: bool,
+    /// A decode step (one token after the previous one was sampled), not a prefill chunk.
+    pub decode: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct StepPlan {
+    pub items: Vec<PlanItem>,
+    /// Sequences that cannot progress even with the whole pool: they must be ended.
+    pub unservable: Vec<RequestId>,
+}
+
+impl StepPlan {
+    /// Tokens prefilled (prompt chunks and recomputation) in this step.
+    pub fn num_prefill_tokens(&self) -> usize {
+        self.items
+            .iter()
+            .filter(|i| !i.decode)
+            .map(|i| i.tokens.len())
+            .sum()
+    }
+}
+
+/// Counters since start-up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedulerStats {
+    pub preemptions: u64,
+}
+
+pub struct Scheduler {
+    config: SchedulerConfig,
+    pool: BlockPool,
+    /// Sorted by [`Sequence::key`].
+    waiting: Vec<Sequence>,
+    /// Sorted by [`Sequence::key`].
+    running: Vec<Sequence>,
+    stats: SchedulerStats,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig, pool: BlockPool) -> Self {
+        Self {
+            config,
+            pool,
+            waiting: Vec::new(),
+            running: Vec::new(),
+            stats: SchedulerStats::default(),
+        }
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        self.stats
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    pub fn add(&mut self, seq: Sequence) {
+        insert_sorted(&mut self.waiting, seq);
+    }
+
+    /// Every sequence, waiting or running.
+    pub fn sequences(&self) -> impl Iterator<Item = &Sequence> {
+        self.running.iter().chain(&self.waiting)
+    }
+
+    pub fn get(&self, id: RequestId) -> Option<&Sequence> {
+        self.sequences().find(|s| s.id == id)
+    }
+
+    /// Takes a sequence out of the scheduler, wherever it is. Dropping it frees its blocks.
+    pub fn remove(&mut self, id: RequestId) -> Option<Sequence> {
+        for queue in [&mut self.running, &mut self.waiting] {
+            if let Some(i) = queue.iter().position(|s| s.id == id) {
+                return Some(queue.remove(i));
+            }
+        }
+        None
+    }
+
+    pub fn schedule(&mut self) -> StepPlan {
+        let mut plan = StepPlan::default();
+        loop {
+            let mut budget = self.config.max_step_tokens;
+            let preemptions = self.stats.preemptions;
+            self.schedule_decodes(&mut plan, &mut budget);
+            self.schedule_prefills(&mut plan, &mut budget);
+            // Memory just ran out: admitting now would only thrash (a preempted sequence could
+            // be re-admitted and preempted again).
+            if self.stats.preemptions == preemptions {
+                self.admit(&mut plan, &mut budget);
+            }
+            if !plan.items.is_empty() || self.running.is_empty() {
+                return plan;
+            }
+            // Nothing could run: every running sequence is filling its cache and none fits.
+            if self.running.len() == 1 {
+                let id = self.running[0].id;
+                plan.unservable.push(id);
+                self.remove(id);
+            } else {
+                let id = self.running.last().expect("not empty").id;
+                self.preempt(id);
+            }
+        }
+    }
+
+    /// Step 1: one token for every decoding sequence, preempting when blocks run out.
+    fn schedule_decodes(&mut self, plan: &mut StepPlan, budget: &mut usize) {
+        let order: Vec<RequestId> = self
+            .running
+            .iter()
+            .filter(|s| s.is_decoding())
+            .map(|s| s.id)
+            .collect();
+        for id in order {
+            if *budget == 0 {
+                break;
+            }
+            loop {
+                let Some(i) = self.running.iter().position(|s| s.id == id) else {
+                    break; // preempted as someone else's victim
+                };
+                let need = self.blocks_for(self.running[i].num_computed() + 1);
+                if self.running[i].blocks.grow_to(need) {
+                    self.plan_item(plan, i, 1, true);
+                    *budget -= 1;
+                    break;
+                }
+                let victim = self
+                    .running
+                    .iter()
+                    .rev()
+                    .find(|s| !plan.items.iter().any(|it| it.id == s.id))
+                    .expect("the sequence itself is unscheduled")
+                    .id;
+                if victim == id && self.running.len() == 1 {
+                    // Alone with the whole pool and still out of blocks.
+                    plan.unservable.push(id);
+                    self.remove(id);
+                    break;
+                }
+                self.preempt(victim);
+                if victim == id {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Step 2: chunks for running sequences still filling their cache.
+    fn schedule_prefills(&mut self, plan: &mut StepPlan, budget: &mut usize) {
+        for i in 0..self.running.len() {
+            if *budget == 0 {
+                break;
+            }
+            let seq = &self.running[i];
+            if seq.is_decoding() || plan.items.iter().any(|it| it.id == seq.id) {
+                continue;
+            }
+            let n = self.fit(seq, seq.num_pending().min(*budget), 0);
+            if n == 0 {
+                continue;
+            }
+            let need = self.blocks_for(seq.num_computed() + n);
+            let grown = self.running[i].blocks.grow_to(need);
+            debug_assert!(grown, "fit() checked the free blocks");
+            self.plan_item(plan, i, n, false);
+            *budget -= n;
+        }
+    }
+
+    /// Step 3: admit waiting sequences in order while their first chunk fits.
+    fn admit(&mut self, plan: &mut StepPlan, budget: &mut usize) {
+        while *budget > 0 && self.running.len() < self.config.max_running {
+            let Some(seq) = self.waiting.first() else {
+                break;
+            };
+            let n = self.fit(
+                seq,
+                seq.num_pending().min(*budget),
+                self.config.watermark_blocks,
+            );
+            if n == 0 {
+                break;
+            }
+            let mut seq = self.waiting.remove(0);
+            let grown = seq.blocks.grow_to(self.blocks_for(seq.num_computed() + n));
+            debug_assert!(grown, "fit() checked the free blocks");
+            let i = insert_sorted(&mut self.running, seq);
+            self.plan_item(plan, i, n, false);
+            *budget -= n;
+        }
+    }
+
+    /// How many of `want` tokens `seq` can compute with its blocks and the free ones, leaving
+    /// `reserve` blocks free.
+    fn fit(&self, seq: &Sequence, want: usize, reserve: usize) -> usize {
+        let usable = self.pool.num_free().saturating_sub(reserve) + seq.blocks.len();
+        let capacity = (usable * self.config.block_size).saturating_sub(seq.num_computed());
+        want.min(capacity)
+    }
+
+    fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.config.block_size)
+    }
+
+    fn plan_item(&self, plan: &mut StepPlan, i: usize, n: usize, decode: bool) {
+        let seq = &self.running[i];
+        let pos0 = seq.num_computed();
+        plan.items.push(PlanItem {
+            id: seq.id,
+            pos0,
+            tokens: seq.tokens()[pos0..pos0 + n].to_vec(),
+            blocks: seq.blocks.blocks().to_vec(),
+            sample: pos0 + n == seq.tokens().len(),
+            decode,
+        });
+    }
+
+    fn preempt(&mut self, id: RequestId) {
+        let i = self
+            .running
+            .iter()
+            .position(|s| s.id == id)
+            .expect("only running sequences are preempted");
+        let mut seq = self.running.remove(i);
+        seq.evict();
+        self.stats.preemptions += 1;
+        tracing::debug!(id = id.0, "preempted; will recompute");
+        insert_sorted(&mut self.waiting, seq);
+    }
+
+    /// Records that the plan ran: its tokens are now in the cache.
+    pub fn commit(&mut self, plan: &StepPlan) {
+        for item in &plan.items {
+            if let Some(seq) = self.running.iter_mut().find(|s| s.id == item.id) {
+                seq.advance(item.tokens.len());
+            }
+        }
+    }
+
+    /// Appends a sampled token to a running sequence.
+    pub fn append(&mut self, id: RequestId, token: u32) {
+        if let Some(seq) = self.running.iter_mut().find(|s| s.id == id) {
+            seq.push_token(token);
+        }
+    }
+
+    /// Checks the block accounting: every block is either free or held by exactly one sequence,
+    /// and every sequence's blocks cover its computed tokens.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.pool.check_invariants()?;
+        let held: usize = self.sequences().map(|s| s.blocks.len()).sum();
+        if held + self.pool.num_free() != self.pool.num_blocks() {
+            return Err(format!(
+                "{held} held + {} free != {} blocks",
+                self.pool.num_free(),
+                self.pool.num_blocks()
+            ));
+        }
+        for s in self.sequences() {
+            if s.blocks.len() * self.config.block_size < s.num_computed() {
+                return Err(format!("{:?} computed beyond its blocks", s.id));
+            }
+        }
+        if self.waiting.iter().any(|s| s.num_computed() != 0) {
+            return Err("a waiting sequence claims cached tokens".into());
+        }
+        Ok(())
+    }
+}
+
+/// Inserts keeping the queue sorted by key; returns the index.
+fn insert_sorted(queue: &mut Vec<Sequence>, seq: Sequence) -> usize {
+    let i = queue.partition_point(|s| s.key() <= seq.key());
+    queue.insert(i, seq);
+    i
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn scheduler(blocks: usize, budget: usize) -> Scheduler {
+        Scheduler::new(
+            SchedulerConfig {
+                max_step_tokens: budget,
+                max_running: 8,
+                block_size: 4,
+                watermark_blocks: 1,
+            },
+            BlockPool::new(blocks),
+        )
+    }
+
+    fn seq(s: &Scheduler, id: u64, prompt: usize, priority: i32) -> Sequence {
+        Sequence::new(
+            RequestId(id),
+            vec![7; prompt],
+            s.pool().table(),
+            priority,
+            id,
+        )
+    }
+
+    /// Runs one step as the worker would, sampling token 1 for every sampled item.
+    fn step(s: &mut Scheduler) -> StepPlan {
+        let plan = s.schedule();
+        s.commit(&plan);
+        for item in plan.items.iter().filter(|i| i.sample) {
+            s.append(item.id, 1);
+        }
+        plan
+    }
+
+    #[test]
+    fn long_prompts_are_chunked_and_decodes_keep_running() {
+        let mut s = scheduler(64, 8);
+        s.add(seq(&s, 1, 3, 0));
+        let plan = step(&mut s);
+        assert_eq!(plan.items[0].tokens.len(), 3);
+        assert!(plan.items[0].sample);
+        s.add(seq(&s, 2, 20, 0));
+        // Sequence 1 decodes one token every step while 2 fills in chunks of 7.
+        for chunk in [7, 7, 6] {
+            let plan = step(&mut s);
+            assert_eq!(plan.items[0].id, RequestId(1));
+            assert_eq!(plan.items[0].tokens.len(), 1);
+            assert_eq!(plan.items[1].id, RequestId(2));
+            assert_eq!(plan.items[1].tokens.len(), chunk);
+        }
+        assert!(step(&mut s).items.iter().all(|i| i.tokens.len() == 1));
+    }
+
+    #[test]
+    fn higher_priority_is_admitted_first() {
+        let mut s = scheduler(64, 4);
+        s.add(seq(&s, 1, 4, 0));
+        s.add(seq(&s, 2, 4, 5));
+        let plan = step(&mut s);
+        assert_eq!(plan.items.len(), 1);
+        assert_eq!(plan.items[0].id, RequestId(2));
+    }
+
+    #[test]
+    fn out_of_blocks_preempts_the_newest_lowest_priority() {
+        // 4 blocks of 4 tokens; two sequences of 7 tokens hold 2 blocks each.
+        let mut s = scheduler(4, 64);
+        s.config.watermark_blocks = 0;
+        s.add(seq(&s, 1, 7, 0));
+        s.add(seq(&s, 2, 7, 0));
+        step(&mut s);
+        step(&mut s);
+        assert_eq!(s.num_running(), 2);
+        assert_eq!(s.pool().num_free(), 0);
+        assert_eq!(s.stats().preemptions, 0);
+        // Both now hold 9 tokens; computing the ninth needs a third block each.
+        let plan = step(&mut s);
+        assert_eq!(s.stats().preemptions, 1);
+        assert_eq!(plan.items.len(), 1);
+        assert_eq!(plan.items[0].id, RequestId(1));
+        assert_eq!(s.num_waiting(), 1);
+        let back = s.get(RequestId(2)).unwrap();
+        assert_eq!(back.num_computed(), 0);
+        assert_eq!(
+            back.tokens().len(),
+            9,
+            "generated tokens are kept for recompute"
+        );
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_sequence_larger_than_the_pool_is_reported() {
+        let mut s = scheduler(2, 64);
+        s.config.watermark_blocks = 0;
+        s.add(seq(&s, 1, 8, 0));
+        step(&mut s);
+        let plan = step(&mut s);
+        assert_eq!(plan.unservable, vec![RequestId(1)]);
+        assert!(s.is_idle());
+        assert_eq!(s.pool().num_free(), 2);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Add { prompt: usize, priority: i32 },
+        Step,
+        Finish(usize),
+        Cancel(usize),
+        Expire(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (1usize..40, -1i32..2).prop_map(|(prompt, priority)| Op::Add { prompt, priority }),
+            Just(Op::Step),
+            Just(Op::Step),
+            Just(Op::Step),
+            any::<usize>().prop_map(Op::Finish),
+            any::<usize>().prop_map(Op::Cancel),
+            any::<usize>().prop_map(Op::Expire),
+        ]
+    }
+
+    proptest! {
+        /// Whatever mix of finishing, cancelled, preempted and timed-out sequences, the block
+        /// accounting holds after every operation and every block is back in the pool at the end.
+        #[test]
+        fn no_block_leaks(ops in prop::collection::vec(op(), 1..200), blocks in 6usize..24) {
+            let mut s = scheduler(blocks, 16);
+            let mut next = 0;
+            for op in ops {
+                match op {
+                    Op::Add { prompt, priority } => {
+                        // Prompts that can never fit are rejected before they reach the scheduler.
+                        if prompt.div_ceil(4) + 1 <= blocks {
+                            next += 1;
+                            s.add(seq(&s, next, prompt, priority));
+                        }
+                    }
+                    Op::Step => {
+                        let plan = step(&mut s);
+                        for id in &plan.unservable {
+                            prop_assert!(s.get(*id).is_none());
+                        }
+                    }
+                    // Finishing, cancelling and expiring all end in removal: the paths differ
+                    // in what the worker tells the client, not in what happens to blocks.
+                    Op::Finish(k) | Op::Cancel(k) | Op::Expire(k) => {
+                        let ids: Vec<RequestId> = s.sequences().map(|q| q.id).collect();
+                        if !ids.is_empty() {
+                            let id = ids[k % ids.len()];
+                            prop_assert!(s.remove(id).is_some());
+                        }
+                    }
+                }
+                if let Err(e) = s.check_invariants() {
+                    prop_assert!(false, "{}", e);
+                }
+            }
+            let ids: Vec<RequestId> = s.sequences().map(|q| q.id).collect();
+            for id in ids {
+                s.remove(id);
+            }
+            prop_assert_eq!(s.pool().num_free(), blocks);
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! A sequence as the scheduler sees it: its tokens, how many of them are in the KV cache, the
+//! blocks holding them, and the keys that order it against the others.
+//!
+//! What a sequence *produces* (sampling, text, events) lives with the worker, so scheduling can
+//! be reasoned about and tested without a model.
+
+use std::cmp::Reverse;
+
+use crate::kv_cache::BlockTable;
+use crate::request::RequestId;
+
+pub struct Sequence {
+    pub id: RequestId,
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    /// Leading tokens whose keys and values are in the cache.
+    num_computed: usize,
+    pub blocks: BlockTable,
+    pub priority: i32,
+    /// Admission order: earlier arrivals of a priority class run first.
+    pub arrival: u64,
+}
+
+/// Sort key: higher priority first, then first come, first served.
+pub type OrderKey = (Reverse<i32>, u64);
+
+impl Sequence {
+    pub fn new(
+        id: RequestId,
+        prompt: Vec<u32>,
+        blocks: BlockTable,
+        priority: i32,
+        arrival: u64,
+    ) -> Self {
+        Self {
+            id,
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            num_computed: 0,
+            blocks,
+            priority,
+            arrival,
+        }
+    }
+
+    pub fn key(&self) -> OrderKey {
+        (Reverse(self.priority), self.arrival)
+    }
+
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub fn prompt_len(&self) -> usize {
+        self.prompt_len
+    }
+
+    pub fn num_generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    pub fn num_computed(&self) -> usize {
+        self.num_computed
+    }
+
+    /// Tokens still to run through the model before the next one can be sampled: 1 while
+    /// decoding, more while (re)filling the cache.
+    pub fn num_pending(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+
+    pub fn is_decoding(&self) -> bool {
+        self.num_pending() == 1 && self.num_computed > 0
+    }
+
+    pub(crate) fn advance(&mut self, n: usize) {
+        self.num_computed += n;
+        debug_assert!(self.num_computed <= self.tokens.len());
+    }
+
+    pub(crate) fn push_token(&mut self, token: u32) {
+        debug_assert_eq!(
+            self.num_pending(),
+            0,
+            "a token is appended after its step ran"
+        );
+        self.tokens.push(token);
+    }
+
+    /// Drops the cached keys and values; they will be recomputed from the tokens.
+    pub(crate) fn evict(&mut self) {
+        self.blocks.clear();
+        self.num_computed = 0;
+    }
+}

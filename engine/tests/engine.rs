@@ -1,0 +1,409 @@
+//! The engine end to end on the real model: batch invariance, preemption, stop strings,
+//! cancellation and deadlines, with the block pool checked to be whole afterwards.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use engine::{
+    ChatMessage, EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, Prompt,
+    SamplingParams,
+};
+
+/// Engines in this file run one at a time: each uses every core, and several at once would only
+/// measure the oversubscription.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn config(kv_cache_mb: usize) -> EngineConfig {
+    let model =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        model.exists(),
+        "{} is missing: run `make models`",
+        model.display()
+    );
+    EngineConfig {
+        model,
+        kv_cache_mb,
+        ..EngineConfig::default()
+    }
+}
+
+/// What a request produced.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    tokens: Vec<u32>,
+    text: String,
+    reason: FinishReason,
+    error: Option<String>,
+    completion_tokens: usize,
+}
+
+fn collect(mut stream: engine::EventStream) -> Outcome {
+    let mut tokens = Vec::new();
+    let mut text = String::new();
+    loop {
+        match stream
+            .blocking_next()
+            .expect("the stream ends with Finished")
+        {
+            Event::Delta {
+                text: t,
+                tokens: ids,
+                ..
+            } => {
+                text.push_str(&t);
+                tokens.extend(ids);
+            }
+            Event::Finished {
+                reason,
+                usage,
+                error,
+            } => {
+                return Outcome {
+                    tokens,
+                    text,
+                    reason,
+                    error,
+                    completion_tokens: usage.completion_tokens,
+                }
+            }
+        }
+    }
+}
+
+/// 16 chat prompts from about 5 to about 400 tokens.
+fn prompts(engine: &EngineHandle) -> Vec<Vec<u32>> {
+    let topics = [
+        "the moon",
+        "rust",
+        "bread",
+        "the ocean",
+        "chess",
+        "rain",
+        "trains",
+        "music",
+        "coffee",
+        "maps",
+        "birds",
+        "glass",
+        "winter",
+        "numbers",
+        "gardens",
+        "rivers",
+    ];
+    let tokenizer = &engine.model().tokenizer;
+    topics
+        .iter()
+        .enumerate()
+        .map(|(i, topic)| {
+            let tokens = if i == 0 {
+                // A bare prompt of a few tokens, no template.
+                format!("Tell me about {topic}")
+            } else {
+                let context = "Here is some background you may use. ".repeat(i * i * 3 / 2);
+                engine
+                    .render_chat(&[ChatMessage::new(
+                        "user",
+                        format!("{context}Tell me about {topic}."),
+                    )])
+                    .unwrap()
+            };
+            tokenizer
+                .encode(tokens.as_str(), false)
+                .unwrap()
+                .get_ids()
+                .to_vec()
+        })
+        .collect()
+}
+
+fn request(prompt: &[u32], sampling: SamplingParams, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        sampling,
+        max_tokens,
+        ..GenerateRequest::new(Prompt::Tokens(prompt.to_vec()))
+    }
+}
+
+/// Waits until the engine has published that every block is free again.
+fn assert_pool_whole(engine: &EngineHandle) {
+    let stats = engine.stats();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (free, total) = (
+            stats.free_blocks.load(Ordering::Relaxed),
+            stats.total_blocks.load(Ordering::Relaxed),
+        );
+        if free == total && stats.running.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "blocks still held: {free} free of {total}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Each request alone, then all at once: the tokens must be identical.
+fn alone_vs_together(
+    engine: &EngineHandle,
+    prompts: &[Vec<u32>],
+    sampling: impl Fn(usize) -> SamplingParams,
+) {
+    let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    assert!(
+        lens.iter().min().unwrap() <= &8 && lens.iter().max().unwrap() >= &380,
+        "{lens:?}"
+    );
+    let alone: Vec<Outcome> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| collect(engine.submit(request(p, sampling(i), 40)).unwrap()))
+        .collect();
+    let streams: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| engine.submit(request(p, sampling(i), 40)).unwrap())
+        .collect();
+    let together: Vec<Outcome> = streams.into_iter().map(collect).collect();
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert!(!a.tokens.is_empty());
+        assert_eq!(
+            a, t,
+            "request {i} (prompt of {} tokens) differs in a batch",
+            lens[i]
+        );
+    }
+    assert_pool_whole(engine);
+}
+
+#[test]
+fn greedy_requests_give_the_same_tokens_alone_and_batched() {
+    let _serial = serial();
+    let engine = EngineHandle::start(&config(256)).unwrap();
+    let prompts = prompts(&engine);
+    alone_vs_together(&engine, &prompts, |_| SamplingParams::greedy());
+}
+
+#[test]
+fn seeded_sampling_gives_the_same_tokens_alone_and_batched() {
+    let _serial = serial();
+    let engine = EngineHandle::start(&config(256)).unwrap();
+    let prompts = prompts(&engine);
+    alone_vs_together(&engine, &prompts, |i| SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        top_k: 50,
+        seed: Some(1000 + i as u64),
+        ..SamplingParams::default()
+    });
+}
+
+#[test]
+fn preemption_by_recompute_changes_no_token() {
+    let _serial = serial();
+    let roomy = EngineHandle::start(&config(256)).unwrap();
+    // About 24 blocks of 16 tokens for 8 sequences that each grow to ~100 tokens.
+    let tight = EngineHandle::start(&config(18)).unwrap();
+    let prompts: Vec<Vec<u32>> = prompts(&roomy).into_iter().skip(2).take(8).collect();
+    let run = |engine: &EngineHandle| -> Vec<Outcome> {
+        let streams: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                engine
+                    .submit(request(&p[..p.len().min(60)], SamplingParams::greedy(), 40))
+                    .unwrap()
+            })
+            .collect();
+        streams.into_iter().map(collect).collect()
+    };
+    let expect = run(&roomy);
+    let got = run(&tight);
+    assert!(
+        tight.stats().preemptions.load(Ordering::Relaxed) > 0,
+        "the tight pool must have forced preemptions"
+    );
+    assert_eq!(expect, got);
+    assert_pool_whole(&tight);
+}
+
+#[test]
+fn stop_string_spanning_two_tokens_ends_generation_unseen() {
+    let _serial = serial();
+    let engine = EngineHandle::start(&config(64)).unwrap();
+    let prompt = engine
+        .render_chat(&[ChatMessage::new(
+            "user",
+            "Write two sentences about the sea.",
+        )])
+        .unwrap();
+    let free = collect(
+        engine
+            .submit(GenerateRequest {
+                sampling: SamplingParams::greedy(),
+                max_tokens: 40,
+                ..GenerateRequest::new(Prompt::Text(prompt.clone()))
+            })
+            .unwrap(),
+    );
+    // Find two consecutive tokens, each at least two characters of text, and take a stop string
+    // made of the end of one and the start of the next.
+    let tokenizer = &engine.model().tokenizer;
+    let piece = |t: u32| tokenizer.decode(&[t], true).unwrap();
+    let i = (5..free.tokens.len() - 1)
+        .find(|&i| {
+            let (a, b) = (piece(free.tokens[i]), piece(free.tokens[i + 1]));
+            a.trim().len() >= 2 && b.trim().len() >= 2 && a.is_ascii() && b.is_ascii()
+        })
+        .expect("two ordinary tokens in a row");
+    let (a, b) = (piece(free.tokens[i]), piece(free.tokens[i + 1]));
+    let stop = format!("{}{}", &a[a.len() - 2..], &b[..2]);
+    let stopped = collect(
+        engine
+            .submit(GenerateRequest {
+                sampling: SamplingParams::greedy(),
+                max_tokens: 40,
+                stop: vec![stop.clone()],
+                ..GenerateRequest::new(Prompt::Text(prompt))
+            })
+            .unwrap(),
+    );
+    assert_eq!(stopped.reason, FinishReason::Stop);
+    assert!(
+        !stopped.text.contains(&stop),
+        "{:?} contains {stop:?}",
+        stopped.text
+    );
+    let cut = free
+        .text
+        .find(&stop)
+        .expect("the stop string is in the free text");
+    assert_eq!(stopped.text, free.text[..cut]);
+    assert_eq!(stopped.tokens, free.tokens[..stopped.tokens.len()]);
+    assert!(stopped.tokens.len() <= i + 2);
+    assert_pool_whole(&engine);
+}
+
+#[test]
+fn max_tokens_and_eos_finish_with_the_right_reason() {
+    let _serial = serial();
+    let engine = EngineHandle::start(&config(64)).unwrap();
+    let prompt = engine
+        .render_chat(&[ChatMessage::new("user", "Say hello.")])
+        .unwrap();
+    let short = collect(
+        engine
+            .submit(GenerateRequest {
+                sampling: SamplingParams::greedy(),
+                max_tokens: 3,
+                ..GenerateRequest::new(Prompt::Text(prompt.clone()))
+            })
+            .unwrap(),
+    );
+    assert_eq!(short.reason, FinishReason::Length);
+    assert_eq!(short.completion_tokens, 3);
+    let full = collect(
+        engine
+            .submit(GenerateRequest {
+                sampling: SamplingParams::greedy(),
+                max_tokens: 200,
+                ..GenerateRequest::new(Prompt::Text(prompt))
+            })
+            .unwrap(),
+    );
+    assert_eq!(
+        full.reason,
+        FinishReason::Stop,
+        "the model ends a greeting with <|im_end|>"
+    );
+    assert!(!full.text.contains("<|im_end|>"));
+    // The EOS token is counted but not streamed.
+    assert_eq!(full.completion_tokens, full.tokens.len() + 1);
+}
+
+#[test]
+fn dropping_the_stream_cancels_and_frees_blocks() {
+    let _serial = serial();
+    let engine = EngineHandle::start(&config(64)).unwrap();
+    let mut stream = engine
+        .submit(GenerateRequest {
+            max_tokens: 500,
+            ignore_eos: true,
+            ..GenerateRequest::new(Prompt::Text("Once upon a time".into()))
+        })
+        .unwrap();
+    for _ in 0..3 {
+        assert!(matches!(stream.blocking_next(), Some(Event::Delta { .. })));
+    }
+    drop(stream);
+    assert_pool_whole(&engine);
+}
+
+#[test]
+fn a_passed_deadline_ends_with_an_error_and_frees_blocks() {
+    let _serial = serial();
+    let engine = EngineHandle::start(&config(64)).unwrap();
+    let out = collect(
+        engine
+            .submit(GenerateRequest {
+                max_tokens: 5000,
+                ignore_eos: true,
+                deadline: Some(Instant::now() + Duration::from_millis(300)),
+                ..GenerateRequest::new(Prompt::Text("Count to one thousand:".into()))
+            })
+            .unwrap(),
+    );
+    assert_eq!(out.reason, FinishReason::Error);
+    assert_eq!(out.error.as_deref(), Some("deadline exceeded"));
+    assert!(out.completion_tokens < 5000);
+    assert_pool_whole(&engine);
+}
+
+#[test]
+fn invalid_requests_are_refused_before_queueing() {
+    let _serial = serial();
+    let engine = EngineHandle::start(&config(64)).unwrap();
+    let bad = |r: GenerateRequest| engine.submit(r).err().expect("refused").to_string();
+    assert!(bad(GenerateRequest::new(Prompt::Text(String::new()))).contains("empty"));
+    assert!(bad(GenerateRequest::new(Prompt::Tokens(vec![1, 999_999]))).contains("vocabulary"));
+    let huge = vec![100u32; 20_000];
+    assert!(bad(GenerateRequest::new(Prompt::Tokens(huge))).contains("at most"));
+    let mut r = GenerateRequest::new(Prompt::Text("hi".into()));
+    r.sampling.top_p = 0.0;
+    assert!(bad(r).contains("top_p"));
+}
+
+#[test]
+fn logprobs_come_with_each_token() {
+    let _serial = serial();
+    let engine = EngineHandle::start(&config(64)).unwrap();
+    let mut stream = engine
+        .submit(GenerateRequest {
+            sampling: SamplingParams::greedy(),
+            max_tokens: 5,
+            logprobs: Some(3),
+            ..GenerateRequest::new(Prompt::Text("The capital of France is".into()))
+        })
+        .unwrap();
+    let mut seen = 0;
+    while let Some(Event::Delta {
+        tokens, logprobs, ..
+    }) = stream.blocking_next()
+    {
+        for (t, lp) in tokens.iter().zip(&logprobs) {
+            assert_eq!(*t, lp.token);
+            assert_eq!(lp.top.len(), 3);
+            // Greedy: the chosen token is the most likely one.
+            assert_eq!(lp.top[0].0, *t);
+            assert!(lp.logprob <= 0.0 && (lp.logprob - lp.top[0].1).abs() < 1e-6);
+            seen += 1;
+        }
+    }
+    assert!(seen > 0);
+}

@@ -105,7 +105,7 @@ fn prompts(engine: &EngineHandle) -> Vec<Vec<u32>> {
                 // A bare prompt of a few tokens, no template.
                 format!("Tell me about {topic}")
             } else {
-                let context = "Here is some background you may use. ".repeat(i * i * 3 / 2);
+                let context = "Here is some background you may use. ".repeat(i * 3);
                 engine
                     .render_chat(&[ChatMessage::new(
                         "user",

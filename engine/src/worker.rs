@@ -67,6 +67,9 @@ pub struct EngineStats {
     pub steps: AtomicU64,
     pub prefill_tokens: AtomicU64,
     pub decode_tokens: AtomicU64,
+    /// Forward-pass time, split between prefill and decode in proportion to their tokens.
+    pub prefill_nanos: AtomicU64,
+    pub decode_nanos: AtomicU64,
     pub preemptions: AtomicU64,
 }
 
@@ -217,10 +220,12 @@ impl Worker {
         for item in &plan.items {
             batch.push(&item.tokens, item.pos0, item.blocks.clone(), item.sample);
         }
+        let started = Instant::now();
         let logits = self
             .model
             .forward(&batch, &mut self.kv)
             .and_then(|l| Ok(l.to_vec2::<f32>()?));
+        let elapsed = started.elapsed().as_nanos() as u64;
         let logits = match logits {
             Ok(l) => l,
             Err(e) => {
@@ -240,12 +245,16 @@ impl Worker {
         for (item, mut row) in sampled.zip(logits) {
             self.on_logits(item.id, &mut row);
         }
-        let decode = plan.items.iter().filter(|i| i.decode).count();
+        let decode = plan.items.iter().filter(|i| i.decode).count() as u64;
+        let prefill = plan.num_prefill_tokens() as u64;
+        let prefill_nanos = elapsed * prefill / (prefill + decode).max(1);
         let s = &self.stats;
         s.steps.fetch_add(1, Ordering::Relaxed);
-        s.decode_tokens.fetch_add(decode as u64, Ordering::Relaxed);
-        s.prefill_tokens
-            .fetch_add(plan.num_prefill_tokens() as u64, Ordering::Relaxed);
+        s.decode_tokens.fetch_add(decode, Ordering::Relaxed);
+        s.prefill_tokens.fetch_add(prefill, Ordering::Relaxed);
+        s.prefill_nanos.fetch_add(prefill_nanos, Ordering::Relaxed);
+        s.decode_nanos
+            .fetch_add(elapsed - prefill_nanos, Ordering::Relaxed);
     }
 
     /// Samples a sequence's next token and tells the client.

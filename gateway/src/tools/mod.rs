@@ -1,0 +1,4 @@
+//! Command-line tools built into the binary.
+
+pub mod bench;
+pub mod generate;

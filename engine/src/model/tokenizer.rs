@@ -242,6 +242,50 @@ fn bos_eos_processor(
     Ok(Some(processor))
 }
 
+/// The raw bytes one token stands for, as OpenAI's logprobs report them: a token may hold only
+/// part of a UTF-8 character, so its text alone cannot say which bytes it adds. Added tokens
+/// (control tokens such as `<|im_end|>`) are their own text. `None` for an id outside the
+/// vocabulary.
+pub fn token_bytes(tokenizer: &Tokenizer, id: u32) -> Option<Vec<u8>> {
+    if let Some(added) = tokenizer.get_added_tokens_decoder().get(&id) {
+        return Some(added.content.clone().into_bytes());
+    }
+    let token = tokenizer.id_to_token(id)?;
+    let table = unicode_to_byte();
+    // Every char of a byte-level token is in the table; a foreign one is kept as its UTF-8
+    // rather than dropped, so the bytes still spell what the vocabulary says.
+    let mut bytes = Vec::with_capacity(token.len());
+    for c in token.chars() {
+        match table.get(&c) {
+            Some(&b) => bytes.push(b),
+            None => bytes.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+        }
+    }
+    Some(bytes)
+}
+
+/// The inverse of GPT-2's byte-to-character table: printable Latin-1 bytes stand for
+/// themselves; the other 68 bytes are shifted, in order, to the characters from U+0100 on.
+fn unicode_to_byte() -> &'static std::collections::HashMap<char, u8> {
+    static TABLE: std::sync::OnceLock<std::collections::HashMap<char, u8>> =
+        std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let mut shifted = 0u32;
+        (0..=255u8)
+            .map(|b| {
+                let c = if printable(b) {
+                    char::from(b)
+                } else {
+                    shifted += 1;
+                    char::from_u32(255 + shifted).expect("U+0100..U+0143 are chars")
+                };
+                (c, b)
+            })
+            .collect()
+    })
+}
+
 fn tk(e: tokenizers::Error) -> EngineError {
     EngineError::Tokenizer(e.to_string())
 }
@@ -378,6 +422,27 @@ mod tests {
             (padding.pad_id, padding.pad_token.as_str()),
             (2, "<|im_end|>")
         );
+    }
+
+    #[test]
+    fn token_bytes_undo_the_byte_level_mapping() {
+        let tokenizer = smollm2_tokenizer();
+        assert_eq!(token_bytes(&tokenizer, id("Ġworld")).unwrap(), b" world");
+        assert_eq!(token_bytes(&tokenizer, id("Hello")).unwrap(), b"Hello");
+        assert_eq!(token_bytes(&tokenizer, 2).unwrap(), b"<|im_end|>");
+        assert_eq!(token_bytes(&tokenizer, 1 << 30), None);
+        // Every token's bytes, concatenated, give back the text, even where a token splits a
+        // character.
+        for text in ["Crème brûlée", "日本語", "🙂👍🏽 ☕"] {
+            let bytes: Vec<u8> = encode(text)
+                .into_iter()
+                .flat_map(|t| token_bytes(&tokenizer, t).unwrap())
+                .collect();
+            assert_eq!(bytes, text.as_bytes());
+        }
+        let newline = encode("\n");
+        assert_eq!(newline.len(), 1);
+        assert_eq!(token_bytes(&tokenizer, newline[0]).unwrap(), b"\n");
     }
 
     #[test]

@@ -1,0 +1,413 @@
+//! OpenAI's wire format for chat completions and errors: serde types and nothing else.
+//!
+//! Requests are `Deserialize` only and lenient on purpose: unknown fields are ignored (clients
+//! send whatever their SDK version knows), numbers are read wide (`f64`, `i64`) so that
+//! [`crate::validate`] can name an out-of-range field instead of serde failing on it.
+//! Responses are `Serialize` only and follow OpenAI's shapes field for field, including the
+//! `null`s a client may test for.
+//!
+//! No logic lives here: whether a value is acceptable is `validate`'s business, how an engine
+//! event becomes a chunk is `http::chat`'s.
+
+use serde::{Deserialize, Serialize};
+
+// ---- requests ----
+
+/// `POST /v1/chat/completions`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct ChatCompletionRequest {
+    /// The served model's id or `"default"`; absent means the served model.
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessage>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    /// Deprecated by OpenAI in favour of `max_completion_tokens`; both are accepted.
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub n: Option<i64>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
+    /// An end-user id for abuse tracking; accepted and unused.
+    pub user: Option<String>,
+    /// vLLM's extension: keep the k most likely tokens; 0 or -1 turn it off.
+    pub top_k: Option<i64>,
+    /// vLLM's extension: drop tokens less likely than `min_p` times the most likely one.
+    pub min_p: Option<f64>,
+    /// vLLM's extension: above 1 discourages tokens already in the prompt or the output.
+    pub repetition_penalty: Option<f64>,
+    /// vLLM's extension: keep generating past the model's end-of-turn token (benchmarks use it
+    /// to get answers of a fixed length).
+    pub ignore_eos: Option<bool>,
+}
+
+/// One message of the conversation.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    /// `null` is allowed by OpenAI for assistant messages that only carry tool calls.
+    pub content: Option<MessageContent>,
+}
+
+/// A message's content: a plain string, or a list of typed parts.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of an array content. Kept open (`kind` is a string) so that a part this server
+/// cannot use, such as `image_url`, is refused by validation with the field named rather than
+/// by serde with an opaque message.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+/// `stop`: one string or several.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+// ---- responses ----
+
+/// A whole, non-streamed answer.
+#[derive(Clone, Debug, Serialize)]
+pub struct ChatCompletion {
+    /// `chatcmpl-...`
+    pub id: String,
+    /// Always `"chat.completion"`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: AssistantMessage,
+    pub logprobs: Option<ChoiceLogprobs>,
+    pub finish_reason: FinishReason,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AssistantMessage {
+    /// Always `"assistant"`.
+    pub role: &'static str,
+    pub content: String,
+}
+
+/// One server-sent event of a streamed answer.
+#[derive(Clone, Debug, Serialize)]
+pub struct ChatCompletionChunk {
+    /// The same for every chunk of one answer.
+    pub id: String,
+    /// Always `"chat.completion.chunk"`.
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    /// Empty in the usage chunk.
+    pub choices: Vec<ChunkChoice>,
+    /// Absent unless the client asked for usage; then `null` on every chunk but the last one
+    /// before `[DONE]`, which carries the totals (OpenAI's `stream_options.include_usage`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+    /// Set when generation failed after the stream had started, on the chunk whose
+    /// `finish_reason` is `"error"`; OpenAI's SDKs raise on a chunk with an `error` key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChunkChoice {
+    pub index: u32,
+    pub delta: ChunkDelta,
+    pub logprobs: Option<ChoiceLogprobs>,
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// What a chunk adds to the message. The first chunk sets `role`; the last one is empty.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ChunkDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// Why a choice ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// The model ended its turn, or a stop sequence was reached.
+    Stop,
+    /// `max_tokens` or the context window was reached.
+    Length,
+    /// Generation failed midway (streams only; a non-streamed failure is an error response).
+    Error,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+/// `logprobs` of a choice or a chunk: one entry per generated token.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ChoiceLogprobs {
+    pub content: Vec<TokenLogprob>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    /// The token's raw bytes: a token may be part of a UTF-8 character, which `token` (text)
+    /// cannot show.
+    pub bytes: Option<Vec<u8>>,
+    /// The most likely tokens at this position, most likely first.
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Option<Vec<u8>>,
+}
+
+// ---- errors ----
+
+/// OpenAI's error envelope: `{"error": {...}}`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ErrorResponse {
+    pub error: ErrorBody,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ErrorBody {
+    pub message: String,
+    /// `invalid_request_error`, `server_error`...
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The request field at fault, when there is one.
+    pub param: Option<String>,
+    /// A machine-readable code such as `model_not_found`.
+    pub code: Option<&'static str>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn request_reads_every_supported_field() {
+        let request: ChatCompletionRequest = serde_json::from_value(json!({
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+                {"role": "assistant", "content": null}
+            ],
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "max_tokens": 5, "max_completion_tokens": 6,
+            "temperature": 0.5, "top_p": 0.9, "n": 1, "seed": -3,
+            "stop": ["a", "b"],
+            "presence_penalty": 0.1, "frequency_penalty": 0.2,
+            "logprobs": true, "top_logprobs": 2, "user": "u",
+            "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1, "ignore_eos": true
+        }))
+        .unwrap();
+        assert_eq!(request.model.as_deref(), Some("m"));
+        assert_eq!(request.messages.len(), 3);
+        assert!(matches!(
+            &request.messages[1].content,
+            Some(MessageContent::Parts(parts)) if parts[0].kind == "text"
+                && parts[0].text.as_deref() == Some("Hi")
+        ));
+        assert!(request.messages[2].content.is_none());
+        assert!(matches!(&request.stop, Some(Stop::Many(s)) if s.len() == 2));
+        assert_eq!(request.stream_options.unwrap().include_usage, Some(true));
+        assert_eq!(
+            (request.max_tokens, request.max_completion_tokens),
+            (Some(5), Some(6))
+        );
+        assert_eq!((request.seed, request.top_k), (Some(-3), Some(40)));
+        assert_eq!(request.repetition_penalty, Some(1.1));
+        assert_eq!(request.ignore_eos, Some(true));
+    }
+
+    #[test]
+    fn request_ignores_unknown_fields_and_takes_a_single_stop() {
+        let request: ChatCompletionRequest = serde_json::from_value(json!({
+            "messages": [{"role": "user", "content": "Hi", "name": "alice"}],
+            "stop": "END",
+            "tools": [], "response_format": {"type": "text"}, "metadata": {"k": "v"}
+        }))
+        .unwrap();
+        assert!(request.model.is_none());
+        assert!(matches!(request.stop, Some(Stop::One(s)) if s == "END"));
+    }
+
+    #[test]
+    fn completion_has_openai_shape() {
+        let completion = ChatCompletion {
+            id: "chatcmpl-1".into(),
+            object: "chat.completion",
+            created: 7,
+            model: "m".into(),
+            choices: vec![ChatChoice {
+                index: 0,
+                message: AssistantMessage {
+                    role: "assistant",
+                    content: "Paris.".into(),
+                },
+                logprobs: None,
+                finish_reason: FinishReason::Stop,
+            }],
+            usage: Usage {
+                prompt_tokens: 3,
+                completion_tokens: 2,
+                total_tokens: 5,
+            },
+        };
+        assert_eq!(
+            serde_json::to_value(&completion).unwrap(),
+            json!({
+                "id": "chatcmpl-1", "object": "chat.completion", "created": 7, "model": "m",
+                "choices": [{
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "Paris."},
+                    "logprobs": null,
+                    "finish_reason": "stop"
+                }],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+            })
+        );
+    }
+
+    fn chunk(choices: Vec<ChunkChoice>, usage: Option<Option<Usage>>) -> ChatCompletionChunk {
+        ChatCompletionChunk {
+            id: "chatcmpl-1".into(),
+            object: "chat.completion.chunk",
+            created: 7,
+            model: "m".into(),
+            choices,
+            usage,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn chunks_have_openai_shape() {
+        let first = chunk(
+            vec![ChunkChoice {
+                index: 0,
+                delta: ChunkDelta {
+                    role: Some("assistant"),
+                    content: Some(String::new()),
+                },
+                logprobs: None,
+                finish_reason: None,
+            }],
+            None,
+        );
+        assert_eq!(
+            serde_json::to_value(&first).unwrap(),
+            json!({
+                "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 7,
+                "model": "m",
+                "choices": [{
+                    "index": 0, "delta": {"role": "assistant", "content": ""},
+                    "logprobs": null, "finish_reason": null
+                }]
+            })
+        );
+        let last = chunk(
+            vec![ChunkChoice {
+                index: 0,
+                delta: ChunkDelta::default(),
+                logprobs: None,
+                finish_reason: Some(FinishReason::Length),
+            }],
+            Some(None),
+        );
+        let last = serde_json::to_value(&last).unwrap();
+        assert_eq!(last["choices"][0]["delta"], json!({}));
+        assert_eq!(last["choices"][0]["finish_reason"], "length");
+        assert_eq!(last["usage"], serde_json::Value::Null);
+        assert!(last.as_object().unwrap().contains_key("usage"));
+
+        let usage = Usage {
+            prompt_tokens: 3,
+            completion_tokens: 2,
+            total_tokens: 5,
+        };
+        let usage = serde_json::to_value(chunk(Vec::new(), Some(Some(usage)))).unwrap();
+        assert_eq!(usage["choices"], json!([]));
+        assert_eq!(usage["usage"]["total_tokens"], 5);
+    }
+
+    #[test]
+    fn logprobs_and_errors_have_openai_shape() {
+        let logprobs = ChoiceLogprobs {
+            content: vec![TokenLogprob {
+                token: " Paris".into(),
+                logprob: -0.5,
+                bytes: Some(b" Paris".to_vec()),
+                top_logprobs: vec![TopLogprob {
+                    token: " Paris".into(),
+                    logprob: -0.5,
+                    bytes: Some(b" Paris".to_vec()),
+                }],
+            }],
+        };
+        assert_eq!(
+            serde_json::to_value(&logprobs).unwrap(),
+            json!({"content": [{
+                "token": " Paris", "logprob": -0.5, "bytes": [32, 80, 97, 114, 105, 115],
+                "top_logprobs": [
+                    {"token": " Paris", "logprob": -0.5, "bytes": [32, 80, 97, 114, 105, 115]}
+                ]
+            }]})
+        );
+        let error = ErrorResponse {
+            error: ErrorBody {
+                message: "bad".into(),
+                kind: "invalid_request_error",
+                param: Some("temperature".into()),
+                code: None,
+            },
+        };
+        assert_eq!(
+            serde_json::to_value(&error).unwrap(),
+            json!({"error": {
+                "message": "bad", "type": "invalid_request_error",
+                "param": "temperature", "code": null
+            }})
+        );
+    }
+}

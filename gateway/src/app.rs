@@ -1,0 +1,88 @@
+//! The router: which path goes to which handler, and the layers every request passes through.
+//!
+//! Layers, outermost first: `x-request-id` (kept when the client sent one, else a fresh UUID)
+//! set on the request and copied onto the response, error responses included; a tracing span
+//! per request carrying that id; the body limit, which [`crate::http::json::ApiJson`] turns into
+//! a 413 envelope. Unknown paths and wrong methods answer with the envelope too, so a client
+//! never sees a bare status or a plain-text body from this server.
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::routing::{get, post};
+use axum::Router;
+use engine::EngineHandle;
+use tower::ServiceBuilder;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+use crate::http;
+
+/// What every handler shares. Cloning is one reference-count increment.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: EngineHandle,
+    model_id: String,
+    max_body_bytes: usize,
+}
+
+impl AppState {
+    /// State for serving `engine`'s model, refusing request bodies over `max_body_bytes`.
+    pub fn new(engine: EngineHandle, max_body_bytes: usize) -> Self {
+        let model_id = engine.model().id.clone();
+        Self {
+            inner: Arc::new(Inner {
+                engine,
+                model_id,
+                max_body_bytes,
+            }),
+        }
+    }
+
+    pub fn engine(&self) -> &EngineHandle {
+        &self.inner.engine
+    }
+
+    /// The id clients name the model by (besides the alias `"default"`).
+    pub fn model_id(&self) -> &str {
+        &self.inner.model_id
+    }
+
+    pub fn max_body_bytes(&self) -> usize {
+        self.inner.max_body_bytes
+    }
+}
+
+/// The whole HTTP API.
+pub fn app(state: AppState) -> Router {
+    let layers = ServiceBuilder::new()
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|request: &Request| {
+                let id = request
+                    .headers()
+                    .get("x-request-id")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                tracing::info_span!(
+                    "request",
+                    method = %request.method(),
+                    path = %request.uri().path(),
+                    request_id = id,
+                )
+            }),
+        );
+    Router::new()
+        .route("/v1/chat/completions", post(http::chat::create))
+        .route("/health", get(http::health::health))
+        .fallback(http::not_found)
+        .method_not_allowed_fallback(http::method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.max_body_bytes()))
+        .layer(layers)
+        .with_state(state)
+}

@@ -1,0 +1,98 @@
+//! Swarmgate's gateway: an OpenAI-compatible HTTP front end for the inference engine.
+//!
+//! A request travels through these pieces, in order:
+//! - [`mod@app`] builds the router: routes, the request-body limit, `x-request-id`, tracing.
+//!   [`app::AppState`] is what every handler shares (the engine handle and the served model).
+//! - [`http`] holds one module per endpoint family; handlers are thin: extract, validate, submit,
+//!   shape the answer. [`http::json`] is the JSON body extractor, whose failures keep the OpenAI
+//!   error envelope instead of axum's plain-text defaults.
+//! - [`api`] is OpenAI's wire format and nothing else: serde types, no behaviour.
+//! - [`validate`] turns a wire request into a request the engine can run, or a 400 naming the
+//!   offending field. Only a [`validate::ValidChatRequest`] reaches the engine.
+//! - [`logprobs`] turns the engine's token log-probabilities into OpenAI's shape.
+//! - [`error`] is the one place that decides HTTP statuses and error bodies.
+//! - [`config`] is the server's settings, flags and environment alike; [`serve`] runs it all.
+//!
+//! The engine runs on its own thread; handlers only talk to it through
+//! [`engine::EngineHandle::submit`] and the stream it returns. Dropping that stream cancels the
+//! request, so a client that goes away frees its KV blocks without any bookkeeping here.
+
+pub mod api;
+pub mod app;
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod logprobs;
+#[cfg(test)]
+pub(crate) mod test_support;
+pub mod validate;
+
+use std::future::Future;
+
+use anyhow::Context as _;
+use tokio::net::TcpListener;
+
+pub use app::{app, AppState};
+pub use config::ServeConfig;
+pub use error::ApiError;
+
+/// Binds `config.host:config.port` and serves the API until SIGTERM or ctrl-c, then stops
+/// accepting connections and lets the requests in flight finish.
+pub async fn serve(
+    config: config::ServeConfig,
+    engine: engine::EngineHandle,
+) -> anyhow::Result<()> {
+    config.validate().map_err(anyhow::Error::msg)?;
+    let listener = TcpListener::bind((config.host.as_str(), config.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
+    let state = AppState::new(engine, config.max_body_bytes);
+    serve_on(listener, state, shutdown_signal())
+        .await
+        .context("server failed")
+}
+
+/// Serves the API on an already bound listener until `shutdown` completes. Tests bind
+/// `127.0.0.1:0` and pass their own shutdown.
+pub async fn serve_on(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, model = %state.model_id(), "listening");
+    }
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Completes on ctrl-c, or on SIGTERM where there is one (what container runtimes send).
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut sigterm) => {
+                sigterm.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down: no new connections, finishing requests in flight");
+}

@@ -1,0 +1,130 @@
+//! Turns the engine's per-token log-probabilities (token ids) into OpenAI's chat `logprobs`
+//! entries (token text, raw bytes, alternatives).
+//!
+//! A token may hold only part of a UTF-8 character; its `bytes` are exact (from the tokenizer's
+//! byte-level table) and its `token` text is those bytes decoded lossily, which is what a client
+//! that prints tokens wants. Log-probabilities that are not finite (a token the sampler ruled
+//! out) become -9999, OpenAI's stand-in, because JSON has no `-Infinity`.
+
+use engine::model::tokenizer::token_bytes;
+use tokenizers::Tokenizer;
+
+use crate::api;
+
+/// OpenAI's value for "impossible".
+const FLOOR: f32 = -9999.0;
+
+/// The wire entries for `logprobs`, in order.
+pub fn to_wire(tokenizer: &Tokenizer, logprobs: &[engine::TokenLogprob]) -> Vec<api::TokenLogprob> {
+    logprobs
+        .iter()
+        .map(|lp| {
+            let (token, bytes) = describe(tokenizer, lp.token);
+            api::TokenLogprob {
+                token,
+                logprob: finite(lp.logprob),
+                bytes,
+                top_logprobs: lp
+                    .top
+                    .iter()
+                    .map(|&(id, logprob)| {
+                        let (token, bytes) = describe(tokenizer, id);
+                        api::TopLogprob {
+                            token,
+                            logprob: finite(logprob),
+                            bytes,
+                        }
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+fn describe(tokenizer: &Tokenizer, id: u32) -> (String, Option<Vec<u8>>) {
+    match token_bytes(tokenizer, id) {
+        Some(bytes) => (String::from_utf8_lossy(&bytes).into_owned(), Some(bytes)),
+        // The engine only samples ids of its own vocabulary; should one slip through, the client
+        // still gets a well-formed entry.
+        None => (String::new(), None),
+    }
+}
+
+fn finite(logprob: f32) -> f32 {
+    if logprob.is_finite() {
+        logprob
+    } else {
+        FLOOR
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::OnceLock;
+
+    use super::*;
+    use crate::test_support::model_info;
+
+    fn tokenizer() -> &'static Tokenizer {
+        static MODEL: OnceLock<engine::ModelInfo> = OnceLock::new();
+        &MODEL.get_or_init(|| model_info(8192)).tokenizer
+    }
+
+    fn id(text: &str) -> u32 {
+        let ids = tokenizer().encode(text, false).unwrap().get_ids().to_vec();
+        assert_eq!(ids.len(), 1, "{text:?} is one token");
+        ids[0]
+    }
+
+    #[test]
+    fn tokens_carry_text_bytes_and_alternatives() {
+        let paris = id(" Paris");
+        let london = id(" London");
+        let wire = to_wire(
+            tokenizer(),
+            &[engine::TokenLogprob {
+                token: paris,
+                logprob: -0.25,
+                top: vec![(paris, -0.25), (london, f32::NEG_INFINITY)],
+            }],
+        );
+        assert_eq!(
+            wire,
+            vec![api::TokenLogprob {
+                token: " Paris".into(),
+                logprob: -0.25,
+                bytes: Some(b" Paris".to_vec()),
+                top_logprobs: vec![
+                    api::TopLogprob {
+                        token: " Paris".into(),
+                        logprob: -0.25,
+                        bytes: Some(b" Paris".to_vec()),
+                    },
+                    api::TopLogprob {
+                        token: " London".into(),
+                        logprob: FLOOR,
+                        bytes: Some(b" London".to_vec()),
+                    },
+                ],
+            }]
+        );
+    }
+
+    #[test]
+    fn partial_characters_keep_exact_bytes() {
+        let ids = tokenizer().encode("🙂", false).unwrap().get_ids().to_vec();
+        let logprobs: Vec<_> = ids
+            .iter()
+            .map(|&token| engine::TokenLogprob {
+                token,
+                logprob: -1.0,
+                top: Vec::new(),
+            })
+            .collect();
+        let bytes: Vec<u8> = to_wire(tokenizer(), &logprobs)
+            .into_iter()
+            .flat_map(|t| t.bytes.unwrap())
+            .collect();
+        assert_eq!(bytes, "🙂".as_bytes());
+    }
+}

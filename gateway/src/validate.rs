@@ -1,0 +1,594 @@
+//! Turns a wire [`ChatCompletionRequest`] into a [`ValidChatRequest`]: every field checked, the
+//! conversation rendered with the model's chat template and tokenized, defaults filled in.
+//!
+//! Invariants:
+//! - a `ValidChatRequest` exists only if every rule below held, so the engine is never handed a
+//!   request it must refuse for a reason the client could have been told about here;
+//! - each refusal is a 400 whose `param` names the field at fault, as OpenAI spells it
+//!   (`temperature`, `messages[2].role`); only an unknown model is a 404;
+//! - the prompt is tokenized here, once, and reaches the engine as token ids, so the count used
+//!   for the context check is the count the engine runs.
+//!
+//! Rules: the model is the served id or the alias `"default"`; `n` is 1; messages are non-empty,
+//! with roles `system` (or `developer`), `user` and `assistant` and text-only content;
+//! temperature in [0, 2]; top_p in (0, 1]; presence and frequency penalties in [-2, 2]; top_k
+//! (0 or -1: off) not below -1; min_p in [0, 1]; repetition_penalty above 0; logprobs'
+//! top_logprobs in 0..=20 and only with `logprobs: true`; at most 4 non-empty stop strings;
+//! `stream_options` only when streaming; max tokens at least 1, and prompt plus max tokens
+//! within the context (default: all the room left).
+
+use engine::{ChatMessage, GenerateRequest, ModelInfo, Prompt, SamplingParams};
+
+use crate::api::{self, ChatCompletionRequest, MessageContent, Stop};
+use crate::error::ApiError;
+
+/// The model name every client may use for whatever this server serves.
+pub const DEFAULT_MODEL_ALIAS: &str = "default";
+
+/// OpenAI's bound on `top_logprobs`.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// OpenAI's bound on the number of stop sequences.
+pub const MAX_STOP_SEQUENCES: usize = 4;
+
+/// A chat request that passed validation, ready for [`engine::EngineHandle::submit`].
+#[derive(Clone, Debug)]
+pub struct ValidChatRequest {
+    /// The served model's id (what responses report, even when the client said `"default"`).
+    pub model: String,
+    /// The conversation rendered by the model's chat template.
+    pub prompt: String,
+    /// Tokens in `prompt`.
+    pub prompt_tokens: usize,
+    /// The engine request; its prompt is `prompt`'s token ids.
+    pub generate: GenerateRequest,
+    pub stream: bool,
+    /// Streams only: end with a chunk that carries the token counts.
+    pub include_usage: bool,
+    /// `Some(n)`: report each token's log-probability with its `n` likeliest alternatives.
+    pub logprobs: Option<usize>,
+}
+
+/// Checks `request` against the served model; see the module docs for the rules.
+pub fn validate_chat(
+    request: ChatCompletionRequest,
+    model: &ModelInfo,
+) -> Result<ValidChatRequest, ApiError> {
+    if let Some(name) = &request.model {
+        if name != &model.id && name != DEFAULT_MODEL_ALIAS {
+            return Err(ApiError::ModelNotFound(name.clone()));
+        }
+    }
+    match request.n {
+        None | Some(1) => {}
+        Some(n) if n < 1 => return Err(ApiError::invalid("n", "n must be at least 1")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "n",
+                "only n=1 is supported: send one request per completion",
+            ))
+        }
+    }
+    let stream = request.stream.unwrap_or(false);
+    if request.stream_options.is_some() && !stream {
+        return Err(ApiError::invalid(
+            "stream_options",
+            "stream_options is only allowed when stream is true",
+        ));
+    }
+    let include_usage = request
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+
+    let sampling = sampling(&request)?;
+    let logprobs = logprobs(&request)?;
+    let stop = stop(request.stop)?;
+    let messages = messages(request.messages)?;
+
+    let prompt = model
+        .chat_template
+        .render(&messages, true)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let tokens = model
+        .tokenizer
+        .encode(prompt.as_str(), false)
+        .map_err(|e| ApiError::Internal(format!("tokenizing the prompt: {e}")))?
+        .get_ids()
+        .to_vec();
+    let prompt_tokens = tokens.len();
+    // The engine's own bound: a sequence must fit both the model's positions and the KV cache.
+    let limit = model.context_length.min(model.kv_capacity_tokens);
+    if prompt_tokens >= limit {
+        return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "This model's maximum context length is {limit} tokens. However, your messages \
+                 resulted in {prompt_tokens} tokens, leaving no room for a completion."
+            ),
+        ));
+    }
+    let room = limit - prompt_tokens;
+    let max_tokens = match (request.max_completion_tokens, request.max_tokens) {
+        (Some(n), _) => Some(("max_completion_tokens", n)),
+        (None, Some(n)) => Some(("max_tokens", n)),
+        (None, None) => None,
+    };
+    let max_tokens = match max_tokens {
+        None => room,
+        Some((param, n)) if n < 1 => {
+            return Err(ApiError::invalid(
+                param,
+                format!("{param} must be at least 1"),
+            ))
+        }
+        Some((param, n)) if n as u64 > room as u64 => {
+            return Err(ApiError::invalid(
+                param,
+                format!(
+                    "This model's maximum context length is {limit} tokens. However, you \
+                     requested {} tokens ({prompt_tokens} in the messages, {n} in the \
+                     completion). Please reduce the length of the messages or completion.",
+                    prompt_tokens as u64 + n as u64
+                ),
+            ))
+        }
+        Some((_, n)) => n as usize,
+    };
+
+    let mut generate = GenerateRequest::new(Prompt::Tokens(tokens));
+    generate.sampling = sampling;
+    generate.max_tokens = max_tokens;
+    generate.stop = stop;
+    generate.logprobs = logprobs;
+    generate.ignore_eos = request.ignore_eos.unwrap_or(false);
+    Ok(ValidChatRequest {
+        model: model.id.clone(),
+        prompt,
+        prompt_tokens,
+        generate,
+        stream,
+        include_usage,
+        logprobs,
+    })
+}
+
+fn sampling(request: &ChatCompletionRequest) -> Result<SamplingParams, ApiError> {
+    let defaults = SamplingParams::default();
+    let temperature = check(
+        "temperature",
+        request.temperature,
+        |t| (0.0..=2.0).contains(&t),
+        "between 0 and 2",
+    )?;
+    let top_p = check(
+        "top_p",
+        request.top_p,
+        |p| p > 0.0 && p <= 1.0,
+        "greater than 0 and at most 1",
+    )?;
+    let presence_penalty = check(
+        "presence_penalty",
+        request.presence_penalty,
+        |p| (-2.0..=2.0).contains(&p),
+        "between -2 and 2",
+    )?;
+    let frequency_penalty = check(
+        "frequency_penalty",
+        request.frequency_penalty,
+        |p| (-2.0..=2.0).contains(&p),
+        "between -2 and 2",
+    )?;
+    let min_p = check(
+        "min_p",
+        request.min_p,
+        |p| (0.0..=1.0).contains(&p),
+        "between 0 and 1",
+    )?;
+    let repetition_penalty = check(
+        "repetition_penalty",
+        request.repetition_penalty,
+        |p| p > 0.0,
+        "greater than 0",
+    )?;
+    let top_k = match request.top_k {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => k as usize,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "top_k",
+                "top_k must be positive, or 0 or -1 to disable it",
+            ))
+        }
+    };
+    Ok(SamplingParams {
+        temperature: temperature.map_or(defaults.temperature, |v| v as f32),
+        top_k,
+        top_p: top_p.map_or(defaults.top_p, |v| v as f32),
+        min_p: min_p.map_or(defaults.min_p, |v| v as f32),
+        repetition_penalty: repetition_penalty.map_or(defaults.repetition_penalty, |v| v as f32),
+        presence_penalty: presence_penalty.map_or(defaults.presence_penalty, |v| v as f32),
+        frequency_penalty: frequency_penalty.map_or(defaults.frequency_penalty, |v| v as f32),
+        // OpenAI's seed is a signed 64-bit integer; any fixed mapping to the engine's u64 keeps
+        // "same seed, same output".
+        seed: request.seed.map(|s| s as u64),
+    })
+}
+
+/// `Ok(value)` when `value` is absent or satisfies `ok`; else a 400 naming `param`.
+fn check(
+    param: &str,
+    value: Option<f64>,
+    ok: impl Fn(f64) -> bool,
+    range: &str,
+) -> Result<Option<f64>, ApiError> {
+    match value {
+        Some(v) if !(v.is_finite() && ok(v)) => Err(ApiError::invalid(
+            param,
+            format!("{param} must be {range}; got {v}"),
+        )),
+        _ => Ok(value),
+    }
+}
+
+fn logprobs(request: &ChatCompletionRequest) -> Result<Option<usize>, ApiError> {
+    let enabled = request.logprobs.unwrap_or(false);
+    match request.top_logprobs {
+        None if enabled => Ok(Some(0)),
+        None => Ok(None),
+        Some(_) if !enabled => Err(ApiError::invalid(
+            "top_logprobs",
+            "top_logprobs requires logprobs to be true",
+        )),
+        Some(n) if (0..=MAX_TOP_LOGPROBS as i64).contains(&n) => Ok(Some(n as usize)),
+        Some(n) => Err(ApiError::invalid(
+            "top_logprobs",
+            format!("top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}; got {n}"),
+        )),
+    }
+}
+
+fn stop(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
+    let stop = match stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(v)) => v,
+    };
+    if stop.len() > MAX_STOP_SEQUENCES {
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "at most {MAX_STOP_SEQUENCES} stop sequences are allowed; got {}",
+                stop.len()
+            ),
+        ));
+    }
+    // An empty stop string would match before the first token and end every answer empty.
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid(
+            "stop",
+            "stop sequences must not be empty",
+        ));
+    }
+    Ok(stop)
+}
+
+fn messages(messages: Vec<api::ChatMessage>) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "messages must contain at least one message",
+        ));
+    }
+    messages.into_iter().enumerate().map(message).collect()
+}
+
+/// The `i`th message as the chat template takes it.
+fn message((i, message): (usize, api::ChatMessage)) -> Result<ChatMessage, ApiError> {
+    let role = match message.role.as_str() {
+        "system" | "user" | "assistant" => message.role,
+        // OpenAI's newer name for system instructions; templates only know "system".
+        "developer" => "system".to_owned(),
+        "tool" | "function" => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].role"),
+                format!(
+                    "role '{}' is not supported: this server has no tool calling",
+                    message.role
+                ),
+            ))
+        }
+        other => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].role"),
+                format!("role '{other}' is not one of 'system', 'user', 'assistant'"),
+            ))
+        }
+    };
+    let content = match message.content {
+        Some(MessageContent::Text(text)) => text,
+        Some(MessageContent::Parts(parts)) => text_parts(i, parts)?,
+        // Assistant turns that only carried tool calls have no content.
+        None if role == "assistant" => String::new(),
+        None => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].content"),
+                format!("a '{role}' message needs content"),
+            ))
+        }
+    };
+    Ok(ChatMessage::new(role, content))
+}
+
+/// The text of message `i`'s content parts, which must all be text.
+fn text_parts(i: usize, parts: Vec<api::ContentPart>) -> Result<String, ApiError> {
+    let mut texts = Vec::with_capacity(parts.len());
+    for (j, part) in parts.into_iter().enumerate() {
+        match (part.kind.as_str(), part.text) {
+            ("text", Some(text)) => texts.push(text),
+            ("text", None) => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].content[{j}].text"),
+                    "a text part needs a 'text' string",
+                ))
+            }
+            (kind, _) => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].content[{j}].type"),
+                    format!("content parts of type '{kind}' are not supported; only 'text'"),
+                ))
+            }
+        }
+    }
+    // Parts are separate paragraphs to the client; a bare join would glue words together.
+    Ok(texts.join("\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::OnceLock;
+
+    use axum::http::StatusCode;
+    use serde_json::json;
+
+    use super::*;
+    use crate::test_support::{model_info, MODEL_ID};
+
+    /// Small, so the context checks can be reached with short prompts.
+    const CAPACITY: usize = 256;
+
+    fn model() -> &'static ModelInfo {
+        static MODEL: OnceLock<ModelInfo> = OnceLock::new();
+        MODEL.get_or_init(|| model_info(CAPACITY))
+    }
+
+    fn validate(body: serde_json::Value) -> Result<ValidChatRequest, ApiError> {
+        validate_chat(
+            serde_json::from_value(body).expect("a wire request"),
+            model(),
+        )
+    }
+
+    fn request(extra: serde_json::Value) -> serde_json::Value {
+        let mut body = json!({"model": MODEL_ID, "messages": [{"role": "user", "content": "Hi"}]});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    }
+
+    /// The `param` of the 400 that `extra` causes.
+    fn rejected_param(extra: serde_json::Value) -> String {
+        match validate(request(extra.clone())) {
+            Err(e @ ApiError::InvalidRequest { .. }) => {
+                assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+                e.body().param.expect("a 400 names its field")
+            }
+            Err(e) => panic!("{extra}: expected a 400, got {e:?}"),
+            Ok(_) => panic!("{extra}: expected a 400, got a valid request"),
+        }
+    }
+
+    #[test]
+    fn a_minimal_request_gets_defaults() {
+        let valid = validate(request(json!({}))).unwrap();
+        assert_eq!(valid.model, MODEL_ID);
+        assert_eq!(
+            valid.prompt,
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, \
+             trained by Hugging Face<|im_end|>\n\
+             <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let Prompt::Tokens(tokens) = &valid.generate.prompt else {
+            panic!("the prompt reaches the engine as tokens");
+        };
+        assert_eq!(tokens.len(), valid.prompt_tokens);
+        assert_eq!(valid.generate.max_tokens, CAPACITY - valid.prompt_tokens);
+        assert_eq!(valid.generate.sampling, SamplingParams::default());
+        assert!(valid.generate.stop.is_empty());
+        assert!(!valid.generate.ignore_eos);
+        assert_eq!((valid.stream, valid.include_usage), (false, false));
+        assert_eq!((valid.logprobs, valid.generate.logprobs), (None, None));
+    }
+
+    #[test]
+    fn every_field_reaches_the_engine_request() {
+        let valid = validate(request(json!({
+            "model": "default",
+            "stream": true, "stream_options": {"include_usage": true},
+            "max_tokens": 99, "max_completion_tokens": 7,
+            "temperature": 0, "top_p": 0.5, "seed": -1, "stop": "END",
+            "presence_penalty": -2, "frequency_penalty": 2,
+            "logprobs": true, "top_logprobs": 20,
+            "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2, "ignore_eos": true
+        })))
+        .unwrap();
+        assert_eq!(valid.model, MODEL_ID);
+        assert!(valid.stream && valid.include_usage);
+        assert_eq!(valid.generate.max_tokens, 7, "max_completion_tokens wins");
+        assert_eq!(valid.generate.stop, vec!["END".to_string()]);
+        assert!(valid.generate.ignore_eos);
+        assert_eq!(
+            (valid.logprobs, valid.generate.logprobs),
+            (Some(20), Some(20))
+        );
+        assert_eq!(
+            valid.generate.sampling,
+            SamplingParams {
+                temperature: 0.0,
+                top_k: 5,
+                top_p: 0.5,
+                min_p: 0.1,
+                repetition_penalty: 1.2,
+                presence_penalty: -2.0,
+                frequency_penalty: 2.0,
+                seed: Some(u64::MAX),
+            }
+        );
+        let valid = validate(request(json!({"logprobs": true, "top_k": -1}))).unwrap();
+        assert_eq!(valid.logprobs, Some(0));
+        assert_eq!(valid.generate.sampling.top_k, 0);
+    }
+
+    #[test]
+    fn an_unknown_model_is_not_found() {
+        let error = validate(request(json!({"model": "gpt-4o"}))).unwrap_err();
+        assert!(matches!(&error, ApiError::ModelNotFound(m) if m == "gpt-4o"));
+        assert_eq!(error.status(), StatusCode::NOT_FOUND);
+        assert!(validate(json!({"messages": [{"role": "user", "content": "Hi"}]})).is_ok());
+    }
+
+    #[test]
+    fn out_of_range_sampling_names_the_field() {
+        for (extra, param) in [
+            (json!({"temperature": 5}), "temperature"),
+            (json!({"temperature": -0.1}), "temperature"),
+            (json!({"top_p": 0}), "top_p"),
+            (json!({"top_p": 1.01}), "top_p"),
+            (json!({"presence_penalty": 2.5}), "presence_penalty"),
+            (json!({"frequency_penalty": -3}), "frequency_penalty"),
+            (json!({"min_p": 1.5}), "min_p"),
+            (json!({"repetition_penalty": 0}), "repetition_penalty"),
+            (json!({"top_k": -2}), "top_k"),
+            (json!({"n": 2}), "n"),
+            (json!({"n": 0}), "n"),
+        ] {
+            assert_eq!(rejected_param(extra), param);
+        }
+    }
+
+    #[test]
+    fn logprobs_rules() {
+        assert_eq!(rejected_param(json!({"top_logprobs": 2})), "top_logprobs");
+        assert_eq!(
+            rejected_param(json!({"logprobs": false, "top_logprobs": 2})),
+            "top_logprobs"
+        );
+        assert_eq!(
+            rejected_param(json!({"logprobs": true, "top_logprobs": 21})),
+            "top_logprobs"
+        );
+        assert_eq!(
+            rejected_param(json!({"logprobs": true, "top_logprobs": -1})),
+            "top_logprobs"
+        );
+        let valid = validate(request(json!({"logprobs": true, "top_logprobs": 0}))).unwrap();
+        assert_eq!(valid.logprobs, Some(0));
+    }
+
+    #[test]
+    fn stop_and_stream_rules() {
+        assert_eq!(
+            rejected_param(json!({"stop": ["a", "b", "c", "d", "e"]})),
+            "stop"
+        );
+        assert_eq!(rejected_param(json!({"stop": ""})), "stop");
+        let valid = validate(request(json!({"stop": ["a", "b", "c", "d"]}))).unwrap();
+        assert_eq!(valid.generate.stop.len(), 4);
+        assert_eq!(
+            rejected_param(json!({"stream_options": {"include_usage": true}})),
+            "stream_options"
+        );
+        let valid = validate(request(json!({"stream": true}))).unwrap();
+        assert!(valid.stream && !valid.include_usage);
+    }
+
+    #[test]
+    fn max_tokens_must_fit_the_context() {
+        assert_eq!(rejected_param(json!({"max_tokens": 0})), "max_tokens");
+        assert_eq!(
+            rejected_param(json!({"max_completion_tokens": -5})),
+            "max_completion_tokens"
+        );
+        let prompt_tokens = validate(request(json!({}))).unwrap().prompt_tokens;
+        let room = (CAPACITY - prompt_tokens) as i64;
+        assert_eq!(
+            validate(request(json!({"max_tokens": room})))
+                .unwrap()
+                .generate
+                .max_tokens,
+            room as usize
+        );
+        assert_eq!(
+            rejected_param(json!({"max_tokens": room + 1})),
+            "max_tokens"
+        );
+        assert_eq!(
+            rejected_param(json!({"max_tokens": i64::MAX})),
+            "max_tokens"
+        );
+        let long = "word ".repeat(CAPACITY);
+        assert_eq!(
+            rejected_param(json!({"messages": [{"role": "user", "content": long}]})),
+            "messages"
+        );
+    }
+
+    #[test]
+    fn message_rules() {
+        assert_eq!(rejected_param(json!({"messages": []})), "messages");
+        assert_eq!(
+            rejected_param(json!({"messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "tool", "content": "42"}
+            ]})),
+            "messages[1].role"
+        );
+        assert_eq!(
+            rejected_param(json!({"messages": [{"role": "robot", "content": "Hi"}]})),
+            "messages[0].role"
+        );
+        assert_eq!(
+            rejected_param(json!({"messages": [{"role": "user", "content": null}]})),
+            "messages[0].content"
+        );
+        assert_eq!(
+            rejected_param(json!({"messages": [{"role": "user", "content": [
+                {"type": "text", "text": "Hi"},
+                {"type": "image_url", "image_url": {"url": "http://x"}}
+            ]}]})),
+            "messages[0].content[1].type"
+        );
+    }
+
+    #[test]
+    fn content_parts_and_developer_role_render_as_text() {
+        let valid = validate(request(json!({"messages": [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": [
+                {"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}
+            ]},
+            {"role": "assistant", "content": null},
+            {"role": "user", "content": "Bye"}
+        ]})))
+        .unwrap();
+        assert_eq!(
+            valid.prompt,
+            "<|im_start|>system\nBe brief.<|im_end|>\n\
+             <|im_start|>user\nHello\nthere<|im_end|>\n\
+             <|im_start|>assistant\n<|im_end|>\n\
+             <|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+}

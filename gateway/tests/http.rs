@@ -1,0 +1,407 @@
+//! The HTTP API end to end on the real model and a real engine: `app()` driven in process with
+//! `oneshot`, and a real server on `127.0.0.1:0` driven by reqwest for streaming and client
+//! disconnects.
+//!
+//! One engine serves the whole file (loading it is the slow part). Tests that generate take
+//! [`generating`] so that each sees the engine to itself: the disconnect test checks that every
+//! KV block is free again, which another test's sequence would make false.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, Request, StatusCode};
+use engine::{EngineConfig, EngineHandle};
+use futures::StreamExt;
+use gateway::config::DEFAULT_MAX_BODY_BYTES;
+use gateway::{app, AppState};
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+const MODEL_ID: &str = "SmolLM2-135M-Instruct.Q4_1";
+const QUESTION: &str = "What is the capital of France? Answer in one sentence.";
+
+fn engine() -> &'static EngineHandle {
+    static ENGINE: LazyLock<EngineHandle> = LazyLock::new(|| {
+        let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../models")
+            .join(format!("{MODEL_ID}.gguf"));
+        assert!(
+            model.is_file(),
+            "{} is missing: run `make models`",
+            model.display()
+        );
+        EngineHandle::start(&EngineConfig {
+            model,
+            kv_cache_mb: 128,
+            ..EngineConfig::default()
+        })
+        .expect("the engine starts")
+    });
+    &ENGINE
+}
+
+fn state() -> AppState {
+    AppState::new(engine().clone(), DEFAULT_MAX_BODY_BYTES)
+}
+
+/// Held by every test that makes the engine generate.
+async fn generating() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+fn chat(extra: Value) -> Value {
+    let mut body = json!({
+        "model": MODEL_ID,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "temperature": 0,
+        "max_tokens": 40,
+    });
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    body
+}
+
+fn post(body: impl Into<Body>) -> Request<Body> {
+    Request::post("/v1/chat/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body.into())
+        .unwrap()
+}
+
+/// Sends `request` through `app` in process; returns status, headers and the JSON body.
+async fn call(state: AppState, request: Request<Body>) -> (StatusCode, HeaderMap, Value) {
+    let response = app(state).oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let body = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("{status}: body is not JSON ({e}): {bytes:?}"));
+    (status, headers, body)
+}
+
+/// Asserts `body` is OpenAI's error envelope with this `type` and `param`.
+fn assert_envelope(body: &Value, kind: &str, param: Option<&str>) {
+    let error = &body["error"];
+    assert!(
+        error["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert_eq!(error["type"], kind, "{body}");
+    assert_eq!(error["param"].as_str(), param, "{body}");
+    assert!(error.as_object().unwrap().contains_key("code"), "{body}");
+}
+
+/// A real server on an ephemeral port, stopped when the test's runtime ends.
+async fn server(state: AppState) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(gateway::serve_on(
+        listener,
+        state,
+        std::future::pending::<()>(),
+    ));
+    addr
+}
+
+/// Waits, at most 5 s, until the engine runs nothing and every KV block is free again.
+async fn wait_until_idle() {
+    let stats = engine().stats();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let running = stats.running.load(Ordering::Relaxed);
+        let waiting = stats.waiting.load(Ordering::Relaxed);
+        let free = stats.free_blocks.load(Ordering::Relaxed);
+        let total = stats.total_blocks.load(Ordering::Relaxed);
+        if running == 0 && waiting == 0 && free == total {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running={running} waiting={waiting} free={free}/{total}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A request that, left alone, runs until the KV cache is full: far longer than any test waits.
+fn endless(stream: bool) -> Value {
+    json!({
+        "model": MODEL_ID,
+        "messages": [{"role": "user", "content": "Count from 1 to 10000."}],
+        "stream": stream,
+        "ignore_eos": true,
+    })
+}
+
+/// Asserts the engine stopped well short of running `endless` to the end.
+fn assert_cancelled(decoded_before: u64) {
+    let decoded = engine().stats().decode_tokens.load(Ordering::Relaxed) - decoded_before;
+    let capacity = engine().model().kv_capacity_tokens as u64;
+    assert!(
+        decoded < capacity / 2,
+        "{decoded} tokens decoded: the request ran on instead of being cancelled"
+    );
+}
+
+/// The `data:` payloads of an SSE body, in order, keep-alive comments dropped.
+fn sse_data(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|line| line.strip_prefix("data: ").or(line.strip_prefix("data:")))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn answers_non_streaming() {
+    let _engine = generating().await;
+    let request = Request::post("/v1/chat/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("x-request-id", "req-42")
+        .body(Body::from(chat(json!({})).to_string()))
+        .unwrap();
+    let (status, headers, body) = call(state(), request).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(headers["x-request-id"], "req-42");
+    assert!(body["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["model"], MODEL_ID);
+    assert!(body["created"].as_u64().unwrap() > 1_700_000_000);
+    let choice = &body["choices"][0];
+    assert_eq!(choice["index"], 0);
+    assert_eq!(choice["message"]["role"], "assistant");
+    let content = choice["message"]["content"].as_str().unwrap();
+    assert!(content.contains("Paris"), "{content:?}");
+    assert_eq!(choice["finish_reason"], "stop", "{body}");
+    assert_eq!(choice["logprobs"], Value::Null);
+    let usage = &body["usage"];
+    let (prompt, completion) = (
+        usage["prompt_tokens"].as_u64().unwrap(),
+        usage["completion_tokens"].as_u64().unwrap(),
+    );
+    assert!(prompt > 10 && completion > 0 && completion <= 40, "{usage}");
+    assert_eq!(usage["total_tokens"].as_u64().unwrap(), prompt + completion);
+}
+
+#[tokio::test]
+async fn streams_over_a_real_server() {
+    let _engine = generating().await;
+    let addr = server(state()).await;
+    let response = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .json(&chat(json!({
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "logprobs": true,
+            "top_logprobs": 2,
+        })))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), reqwest::StatusCode::OK);
+    assert!(response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    assert!(response.headers().contains_key("x-request-id"));
+    let data = sse_data(&response.text().await.unwrap());
+
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{d}: {e}")))
+        .collect();
+    assert!(chunks.len() >= 4, "{chunks:?}");
+    let id = &chunks[0]["id"];
+    assert!(id.as_str().unwrap().starts_with("chatcmpl-"));
+    for chunk in &chunks {
+        assert_eq!(&chunk["id"], id);
+        assert_eq!(chunk["object"], "chat.completion.chunk");
+        assert_eq!(chunk["model"], MODEL_ID);
+    }
+
+    let first = &chunks[0]["choices"][0];
+    assert_eq!(first["delta"], json!({"role": "assistant", "content": ""}));
+    assert_eq!(first["finish_reason"], Value::Null);
+
+    let (usage_chunk, rest) = chunks.split_last().unwrap();
+    let (finish_chunk, content_chunks) = rest.split_last().unwrap();
+    let finish = &finish_chunk["choices"][0];
+    assert_eq!(finish["delta"], json!({}));
+    assert_eq!(finish["finish_reason"], "stop", "{finish_chunk}");
+
+    let mut text = String::new();
+    let mut tokens = 0;
+    for chunk in &content_chunks[1..] {
+        let choice = &chunk["choices"][0];
+        assert_eq!(choice["finish_reason"], Value::Null);
+        assert!(chunk.as_object().unwrap().contains_key("usage"));
+        assert_eq!(chunk["usage"], Value::Null);
+        text.push_str(choice["delta"]["content"].as_str().unwrap());
+        for token in choice["logprobs"]["content"].as_array().unwrap() {
+            assert!(token["logprob"].as_f64().unwrap() <= 0.0);
+            assert!(token["bytes"].is_array());
+            assert_eq!(token["top_logprobs"].as_array().unwrap().len(), 2);
+            tokens += 1;
+        }
+    }
+    assert!(text.contains("Paris"), "{text:?}");
+
+    assert_eq!(usage_chunk["choices"], json!([]));
+    let usage = &usage_chunk["usage"];
+    let completion = usage["completion_tokens"].as_u64().unwrap();
+    // The end-of-turn token counts as generated but is never shown.
+    assert!(
+        tokens as u64 == completion || tokens as u64 + 1 == completion,
+        "{usage}"
+    );
+    assert_eq!(
+        usage["total_tokens"].as_u64().unwrap(),
+        usage["prompt_tokens"].as_u64().unwrap() + completion
+    );
+}
+
+#[tokio::test]
+async fn malformed_json_is_a_400_envelope() {
+    let (status, _, body) = call(state(), post(r#"{"messages": [}"#)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_envelope(&body, "invalid_request_error", None);
+
+    let wrong_type = Request::post("/v1/chat/completions")
+        .header(header::CONTENT_TYPE, "text/plain")
+        .body(Body::from(chat(json!({})).to_string()))
+        .unwrap();
+    let (status, _, body) = call(state(), wrong_type).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_envelope(&body, "invalid_request_error", None);
+
+    let (status, _, body) = call(
+        state(),
+        post(chat(json!({"temperature": "hot"})).to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_envelope(&body, "invalid_request_error", Some("temperature"));
+}
+
+#[tokio::test]
+async fn unknown_model_is_a_404_envelope() {
+    let (status, _, body) = call(state(), post(chat(json!({"model": "gpt-4o"})).to_string())).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_envelope(&body, "invalid_request_error", Some("model"));
+    assert_eq!(body["error"]["code"], "model_not_found");
+}
+
+#[tokio::test]
+async fn bad_parameter_is_a_400_naming_it() {
+    let (status, _, body) = call(state(), post(chat(json!({"temperature": 5})).to_string())).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_envelope(&body, "invalid_request_error", Some("temperature"));
+}
+
+#[tokio::test]
+async fn unknown_fields_are_ignored() {
+    let _engine = generating().await;
+    let body = chat(json!({
+        "model": "default",
+        "max_tokens": 1,
+        "tools": [],
+        "response_format": {"type": "text"},
+        "some_future_field": {"nested": [1, 2, 3]},
+    }));
+    let (status, _, body) = call(state(), post(body.to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["model"], MODEL_ID);
+    assert_eq!(body["usage"]["completion_tokens"], 1);
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+}
+
+#[tokio::test]
+async fn oversize_body_is_a_413_envelope() {
+    let small = AppState::new(engine().clone(), 1024);
+    let body = chat(json!({"messages": [{"role": "user", "content": "x".repeat(4096)}]}));
+    let (status, headers, body) = call(small, post(body.to_string())).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_envelope(&body, "invalid_request_error", None);
+    assert!(headers.contains_key("x-request-id"));
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_frees_the_engine() {
+    let _engine = generating().await;
+    let stats = engine().stats();
+    let decoded_before = stats.decode_tokens.load(Ordering::Relaxed);
+    let addr = server(state()).await;
+    let response = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .json(&endless(true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), reqwest::StatusCode::OK);
+    let mut body = response.bytes_stream();
+    let mut received = String::new();
+    while received.matches("\"content\"").count() < 6 {
+        let bytes = body.next().await.expect("the stream goes on").unwrap();
+        received.push_str(&String::from_utf8_lossy(&bytes));
+    }
+    assert!(!received.contains("finish_reason\":\""), "{received}");
+    assert_eq!(stats.running.load(Ordering::Relaxed), 1);
+    drop(body);
+
+    wait_until_idle().await;
+    assert_cancelled(decoded_before);
+}
+
+#[tokio::test]
+async fn a_client_that_gives_up_on_a_whole_answer_frees_the_engine() {
+    let _engine = generating().await;
+    let stats = engine().stats();
+    let decoded_before = stats.decode_tokens.load(Ordering::Relaxed);
+    let addr = server(state()).await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let result = impatient
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .json(&endless(false))
+        .send()
+        .await;
+    assert!(result.unwrap_err().is_timeout());
+    wait_until_idle().await;
+    assert_cancelled(decoded_before);
+}
+
+#[tokio::test]
+async fn health_is_ok() {
+    let request = Request::get("/health").body(Body::empty()).unwrap();
+    let (status, headers, body) = call(state(), request).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!({"status": "ok"}));
+    let id = headers["x-request-id"].to_str().unwrap();
+    assert_eq!(id.len(), 36, "a generated UUID: {id}");
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_keep_the_envelope() {
+    let request = Request::get("/v1/nothing").body(Body::empty()).unwrap();
+    let (status, _, body) = call(state(), request).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_envelope(&body, "invalid_request_error", None);
+    assert_eq!(body["error"]["code"], "unknown_url");
+
+    let request = Request::get("/v1/chat/completions")
+        .body(Body::empty())
+        .unwrap();
+    let (status, _, body) = call(state(), request).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_envelope(&body, "invalid_request_error", None);
+}

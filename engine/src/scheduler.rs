@@ -173,10 +173,8 @@ impl Scheduler {
             if *budget == 0 {
                 break;
             }
-            loop {
-                let Some(i) = self.running.iter().position(|s| s.id == id) else {
-                    break; // preempted as someone else's victim
-                };
+            // Ends when scheduled, or preempted (as someone else's victim, or its own).
+            while let Some(i) = self.running.iter().position(|s| s.id == id) {
                 let need = self.blocks_for(self.running[i].num_computed() + 1);
                 if self.running[i].blocks.grow_to(need) {
                     self.plan_item(plan, i, 1, true);
@@ -472,7 +470,7 @@ mod tests {
                 match op {
                     Op::Add { prompt, priority } => {
                         // Prompts that can never fit are rejected before they reach the scheduler.
-                        if prompt.div_ceil(4) + 1 <= blocks {
+                        if prompt.div_ceil(4) < blocks {
                             next += 1;
                             s.add(seq(&s, next, prompt, priority));
                         }

@@ -200,9 +200,10 @@ fn ragged_batch_equals_sequences_alone() {
         .unwrap();
     let mut row = 0;
     for (p, alone) in prompts.iter().zip(&alone) {
-        for pos in 0..p.len() {
+        assert_eq!(alone.len(), p.len());
+        for (pos, logits) in alone.iter().enumerate() {
             assert!(
-                together[row] == alone[pos],
+                together[row] == *logits,
                 "prompt len {} pos {pos} differs",
                 p.len()
             );

@@ -19,6 +19,9 @@ pub struct ServeConfig {
     /// Largest request body accepted, in bytes; larger ones get 413 before any parsing.
     #[arg(long, env = "SWARMGATE_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// On SIGTERM, how long requests in flight may take to finish before they are cut off.
+    #[arg(long, env = "SWARMGATE_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
+    pub shutdown_grace_secs: u64,
     #[command(flatten)]
     pub engine: EngineConfig,
 }
@@ -33,6 +36,7 @@ impl Default for ServeConfig {
             host: "127.0.0.1".into(),
             port: 8080,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            shutdown_grace_secs: 30,
             engine: EngineConfig::default(),
         }
     }

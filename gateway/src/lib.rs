@@ -37,7 +37,8 @@ pub use config::ServeConfig;
 pub use error::ApiError;
 
 /// Binds `config.host:config.port` and serves the API until SIGTERM or ctrl-c, then stops
-/// accepting connections and lets the requests in flight finish.
+/// accepting connections and lets the requests in flight finish, for at most
+/// `config.shutdown_grace_secs`.
 pub async fn serve(
     config: config::ServeConfig,
     engine: engine::EngineHandle,
@@ -47,9 +48,26 @@ pub async fn serve(
         .await
         .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
     let state = AppState::new(engine, config.max_body_bytes);
-    serve_on(listener, state, shutdown_signal())
-        .await
-        .context("server failed")
+    let (signalled, on_signal) = tokio::sync::oneshot::channel();
+    let shutdown = async move {
+        shutdown_signal().await;
+        let _ = signalled.send(());
+    };
+    let grace = std::time::Duration::from_secs(config.shutdown_grace_secs);
+    tokio::select! {
+        served = serve_on(listener, state, shutdown) => served.context("server failed"),
+        // Dropping the server ends the remaining streams, which cancels their sequences.
+        () = async {
+            if on_signal.await.is_ok() {
+                tokio::time::sleep(grace).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        } => {
+            tracing::warn!(grace_secs = grace.as_secs(), "grace period over; ending open streams");
+            Ok(())
+        }
+    }
 }
 
 /// Serves the API on an already bound listener until `shutdown` completes. Tests bind

@@ -22,6 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI-compatible API on the local engine.
+    Serve(gateway::ServeConfig),
     /// Answer one prompt and print the answer as it is generated.
     Generate(tools::generate::GenerateArgs),
     /// Benchmark the engine in process at several concurrency levels.
@@ -37,7 +39,20 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
+        Command::Serve(config) => serve(config),
         Command::Generate(args) => tools::generate::run(args),
         Command::Bench(args) => tools::bench::run(args),
     }
+}
+
+fn serve(config: gateway::ServeConfig) -> Result<()> {
+    // Load the model before taking requests: a server that listens is a server that answers.
+    let engine = engine::EngineHandle::start(&config.engine)?;
+    // The HTTP side is light; most cores belong to the engine's compute threads.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("swarmgate-http")
+        .enable_all()
+        .build()?;
+    runtime.block_on(gateway::serve(config, engine))
 }

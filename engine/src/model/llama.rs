@@ -64,7 +64,7 @@ impl LlamaConfig {
             context_length: g.u32(&key("context_length"))? as usize,
         })
         .and_then(|c: Self| {
-            if c.rope_dim != c.head_dim || c.n_heads % c.n_kv_heads != 0 {
+            if c.rope_dim != c.head_dim || !c.n_heads.is_multiple_of(c.n_kv_heads) {
                 return Err(EngineError::Model(format!(
                     "unsupported head layout: {c:?}"
                 )));

@@ -15,7 +15,9 @@ use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
 use engine::kv_cache::{BlockId, KvStorage};
+use engine::model::tokenizer::tokenizer_from_gguf;
 use engine::model::{ForwardBatch, Gguf, Llama};
+use engine::{ChatMessage, ChatTemplate};
 
 const TOLERANCE: f32 = 2e-3;
 const BLOCK: usize = 16;
@@ -27,22 +29,49 @@ fn model_path() -> PathBuf {
     p
 }
 
+/// Five chat prompts, rendered with the model's own template and tokenizer, from a bare
+/// greeting to a paragraph of context.
 fn prompts() -> Vec<Vec<u32>> {
-    // Real ChatML-shaped prompts: <|im_start|> (1), text ids, <|im_end|> (2), of several lengths.
-    let mut s = 12345u64;
-    let mut next = |n: u64| {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((s >> 33) % n) as u32
-    };
-    [3usize, 9, 17, 33, 70]
+    let mut file = std::fs::File::open(model_path()).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let tokenizer = tokenizer_from_gguf(&content).unwrap();
+    let template = ChatTemplate::from_gguf(&content).unwrap();
+    let conversations: [&[(&str, &str)]; 5] = [
+        &[("user", "Hi!")],
+        &[("user", "What is the capital of France?")],
+        &[
+            ("system", "You are a terse assistant. Answer in one line."),
+            ("user", "Name three primary colours."),
+        ],
+        &[
+            ("user", "Write a haiku about the sea."),
+            (
+                "assistant",
+                "Waves fold into foam,\nsalt wind carries gull voices,\nthe tide keeps its time.",
+            ),
+            ("user", "Now one about mountains."),
+        ],
+        &[(
+            "user",
+            "Here is a note from a customer: 'I ordered a blue kettle on Monday, paid for express \
+             shipping, and it still has not arrived. The tracking page has said \"label created\" \
+             for four days. I would like either a refund of the shipping cost or the kettle by \
+             Friday.' Draft a short, polite reply that apologises and offers both options.",
+        )],
+    ];
+    conversations
         .iter()
-        .map(|&len| {
-            let mut p = vec![1];
-            p.extend((0..len).map(|_| 100 + next(20_000)));
-            p.push(2);
-            p
+        .map(|turns| {
+            let messages: Vec<ChatMessage> = turns
+                .iter()
+                .map(|(role, text)| ChatMessage::new(*role, *text))
+                .collect();
+            let text = template.render(&messages, true).unwrap();
+            tokenizer
+                .encode(text.as_str(), false)
+                .unwrap()
+                .get_ids()
+                .to_vec()
         })
         .collect()
 }
@@ -142,9 +171,10 @@ fn logits_and_greedy_continuations_match_reference() {
     for prompt in prompts() {
         reference.clear_kv_cache();
         let ours_logits = ours.all_logits(&prompt, 0);
+        let mut logits = Vec::new();
         for (pos, &tok) in prompt.iter().enumerate() {
-            let expect = reference_step(&mut reference, tok, pos);
-            let diff = expect
+            logits = reference_step(&mut reference, tok, pos);
+            let diff = logits
                 .iter()
                 .zip(&ours_logits[pos])
                 .map(|(a, b)| (a - b).abs())
@@ -158,11 +188,6 @@ fn logits_and_greedy_continuations_match_reference() {
         }
         // Greedy continuation of 32 tokens on both sides.
         let mut expect = Vec::new();
-        let mut logits = reference_step(&mut reference, 0, 0);
-        reference.clear_kv_cache();
-        for (pos, &tok) in prompt.iter().enumerate() {
-            logits = reference_step(&mut reference, tok, pos);
-        }
         for i in 0..32 {
             let tok = argmax(&logits);
             expect.push(tok);

@@ -259,16 +259,8 @@ impl fmt::Debug for TextStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::smollm2_tokenizer;
+    use crate::test_support::{encode, smollm2_tokenizer};
     use proptest::prelude::*;
-
-    fn encode(text: &str) -> Vec<u32> {
-        smollm2_tokenizer()
-            .encode(text, false)
-            .expect("encodes")
-            .get_ids()
-            .to_vec()
-    }
 
     fn stream(stop: &[&str]) -> TextStream {
         TextStream::new(

@@ -54,3 +54,12 @@ pub(crate) fn smollm2_tokenizer() -> Arc<Tokenizer> {
         })
         .clone()
 }
+
+/// Token ids of `text` under the SmolLM2 tokenizer (special tokens in the text are recognised).
+pub(crate) fn encode(text: &str) -> Vec<u32> {
+    smollm2_tokenizer()
+        .encode(text, false)
+        .expect("encodes")
+        .get_ids()
+        .to_vec()
+}

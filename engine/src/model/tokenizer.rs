@@ -374,15 +374,7 @@ fn wrong_type(key: &str, expected: &str, found: &Value) -> EngineError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{read_smollm2_content, smollm2_tokenizer};
-
-    fn encode(text: &str) -> Vec<u32> {
-        smollm2_tokenizer()
-            .encode(text, false)
-            .expect("encodes")
-            .get_ids()
-            .to_vec()
-    }
+    use crate::test_support::{encode, read_smollm2_content, smollm2_tokenizer};
 
     fn id(token: &str) -> u32 {
         smollm2_tokenizer()

@@ -13,9 +13,20 @@ pub struct EngineConfig {
         default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
     )]
     pub model: PathBuf,
-    /// Memory for the KV cache, in MiB; the block pool is preallocated from it.
+    /// Memory for the device tier of the KV cache, in MiB; the block pool is preallocated from it.
     #[arg(long, env = "SWARMGATE_KV_CACHE_MB", default_value_t = 1024)]
     pub kv_cache_mb: usize,
+    /// Size the device pool in blocks instead (overrides --kv-cache-mb); small values force
+    /// the host tier into use.
+    #[arg(long, env = "SWARMGATE_DEVICE_KV_BLOCKS")]
+    pub device_kv_blocks: Option<usize>,
+    /// Memory for the host tier (an LRU store in CPU RAM for evicted and swapped-out blocks), in
+    /// MiB; 0 disables it (evicted blocks are dropped, preemption recomputes).
+    #[arg(long, env = "SWARMGATE_HOST_KV_CACHE_MB", default_value_t = 2048)]
+    pub host_kv_cache_mb: usize,
+    /// Reuse the KV blocks of prompt prefixes seen before (automatic prefix caching).
+    #[arg(long, env = "SWARMGATE_PREFIX_CACHE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub prefix_cache: bool,
     /// Tokens per KV block.
     #[arg(long, env = "SWARMGATE_BLOCK_SIZE", default_value_t = 16)]
     pub block_size: usize,
@@ -40,6 +51,9 @@ impl Default for EngineConfig {
         Self {
             model: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
             kv_cache_mb: 1024,
+            device_kv_blocks: None,
+            host_kv_cache_mb: 2048,
+            prefix_cache: true,
             block_size: 16,
             max_step_tokens: 256,
             max_running: 64,

@@ -7,9 +7,12 @@
 //!   Dropping the stream cancels the request.
 //! - [`worker`] runs the loop on its own thread: plan a step, run the model, sample, send events.
 //! - [`scheduler`] decides each step's batch (decodes first, then chunked prefills, then
-//!   admissions under a token budget) and preempts when KV blocks run out.
-//! - [`kv_cache`] is the paged KV cache: a block pool, per-sequence block tables freed on drop,
-//!   and the preallocated memory behind them.
+//!   admissions under a token budget) and preempts, by swapping to the host tier, when KV blocks
+//!   run out.
+//! - [`kv_cache`] is the paged KV cache in two tiers: the device pool with automatic prefix
+//!   caching (full blocks shared by content, least recently used evicted first, pinned prefixes
+//!   kept) and a host tier in CPU RAM that keeps evicted and swapped-out blocks; per-sequence
+//!   block tables free their blocks on drop.
 //! - [`model`] loads the GGUF and runs llama's forward over a ragged batch; its kernels are
 //!   batch-invariant, so a request's tokens do not depend on what shares its batch.
 //! - [`sampler`] and [`stop`] turn logits into tokens and tokens into streamed text.
@@ -42,12 +45,12 @@ pub use model::chat_template::{ChatMessage, ChatTemplate};
 pub use request::{
     Event, FinishReason, GenerateRequest, Prompt, RequestId, SamplingParams, TokenLogprob, Usage,
 };
-pub use worker::EngineStats;
+pub use worker::{EngineStats, KvSnapshot};
 
-use kv_cache::KvStorage;
+use kv_cache::{HostStore, KvConfig, KvStorage};
 use model::{Gguf, Llama};
 use scheduler::SchedulerConfig;
-use worker::{Command, QueueSlot, Submission, Worker};
+use worker::{Command, QueueSlot, Submission, Worker, WorkerSetup};
 
 /// What callers need to know about the served model.
 pub struct ModelInfo {
@@ -64,6 +67,7 @@ struct Shared {
     commands: Sender<Command>,
     model: ModelInfo,
     next_id: AtomicU64,
+    next_pin: AtomicU64,
     queued: Arc<AtomicUsize>,
     max_queued: usize,
     stats: Arc<EngineStats>,
@@ -86,22 +90,27 @@ impl EngineHandle {
         let eos = vec![gguf.u32("tokenizer.ggml.eos_token_id")?];
         let llama = Llama::load(&mut gguf)?;
         let layout = llama.config().kv_layout(config.block_size);
-        let num_blocks = layout.blocks_for_budget(config.kv_cache_mb << 20);
+        let num_blocks = config
+            .device_kv_blocks
+            .unwrap_or_else(|| layout.blocks_for_budget(config.kv_cache_mb << 20));
         if num_blocks < 2 {
             return Err(EngineError::InvalidRequest(format!(
-                "--kv-cache-mb {} holds fewer than 2 blocks of {} bytes",
-                config.kv_cache_mb,
+                "the KV cache must hold at least 2 blocks of {} bytes",
                 layout.bytes_per_block()
             )));
         }
+        let host_slots = layout.blocks_for_budget(config.host_kv_cache_mb << 20);
         tracing::info!(
             model = %config.model.display(),
             num_blocks,
+            host_slots,
+            prefix_cache = config.prefix_cache,
             block_size = config.block_size,
             threads = config.threads(),
             "engine starting"
         );
-        let kv = KvStorage::new(layout, num_blocks);
+        let storage = KvStorage::new(layout, num_blocks);
+        let host = HostStore::new(layout, host_slots);
         let id = config
             .model
             .file_stem()
@@ -113,6 +122,13 @@ impl EngineHandle {
             chat_template,
             context_length: llama.config().context_length,
             kv_capacity_tokens: num_blocks * config.block_size,
+        };
+        let kv = KvConfig {
+            num_blocks,
+            block_size: config.block_size,
+            host_slots,
+            prefix_caching: config.prefix_cache,
+            salt: kv_cache::prefix::model_salt(&model_info.id),
         };
         let scheduler = SchedulerConfig {
             max_step_tokens: config.max_step_tokens,
@@ -131,9 +147,16 @@ impl EngineHandle {
         std::thread::Builder::new()
             .name("swarmgate-engine".into())
             .spawn(move || {
-                pool.install(move || {
-                    Worker::new(llama, kv, scheduler, tokenizer, eos, rx, worker_stats).run()
-                })
+                let setup = WorkerSetup {
+                    model: llama,
+                    storage,
+                    host,
+                    kv,
+                    scheduler,
+                    tokenizer,
+                    eos,
+                };
+                pool.install(move || Worker::new(setup, rx, worker_stats).run())
             })
             .map_err(|e| EngineError::Model(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {
@@ -141,6 +164,7 @@ impl EngineHandle {
                 commands: tx,
                 model: model_info,
                 next_id: AtomicU64::new(1),
+                next_pin: AtomicU64::new(1),
                 queued: Arc::new(AtomicUsize::new(0)),
                 max_queued: config.max_queued,
                 stats,
@@ -164,7 +188,6 @@ impl EngineHandle {
     /// Validates and queues a request. Fails at once, without queueing, when the request can
     /// never be served or the engine is full.
     pub fn submit(&self, request: GenerateRequest) -> Result<EventStream> {
-        let model = &self.shared.model;
         request
             .sampling
             .validate()
@@ -174,32 +197,7 @@ impl EngineHandle {
                 "max_tokens must be at least 1".into(),
             ));
         }
-        let prompt = match &request.prompt {
-            Prompt::Tokens(t) => t.clone(),
-            Prompt::Text(text) => model
-                .tokenizer
-                .encode(text.as_str(), false)
-                .map_err(|e| EngineError::Tokenizer(e.to_string()))?
-                .get_ids()
-                .to_vec(),
-        };
-        if prompt.is_empty() {
-            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
-        }
-        let vocab = model.tokenizer.get_vocab_size(true) as u32;
-        if let Some(t) = prompt.iter().find(|&&t| t >= vocab) {
-            return Err(EngineError::InvalidRequest(format!(
-                "token id {t} is not in the vocabulary"
-            )));
-        }
-        let limit = model.context_length.min(model.kv_capacity_tokens);
-        if prompt.len() >= limit {
-            return Err(EngineError::InvalidRequest(format!(
-                "the prompt has {} tokens; this model takes at most {}",
-                prompt.len(),
-                limit - 1
-            )));
-        }
+        let prompt = self.tokens(&request.prompt)?;
         let slot =
             QueueSlot::try_take(&self.shared.queued, self.shared.max_queued).ok_or_else(|| {
                 EngineError::Overloaded(format!(
@@ -225,6 +223,77 @@ impl EngineHandle {
             prompt_tokens,
             rx,
         })
+    }
+
+    /// Pre-warms `prefix` (prefills it once, in the background) and keeps its full KV blocks on
+    /// the device, never evicted, until the returned pin is dropped: for an agent's system
+    /// prompt, which every one of its requests starts with.
+    pub fn pin_prefix(&self, prefix: &Prompt) -> Result<PrefixPin> {
+        let prompt = self.tokens(prefix)?;
+        let id = self.shared.next_pin.fetch_add(1, Ordering::Relaxed);
+        let tokens = prompt.len();
+        self.shared
+            .commands
+            .send(Command::Pin { id, prompt })
+            .map_err(|_| EngineError::Stopped)?;
+        Ok(PrefixPin {
+            id,
+            tokens,
+            commands: self.shared.commands.clone(),
+        })
+    }
+
+    /// The prompt's token ids, checked against the vocabulary and the context window.
+    fn tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        let model = &self.shared.model;
+        let prompt = match prompt {
+            Prompt::Tokens(t) => t.clone(),
+            Prompt::Text(text) => model
+                .tokenizer
+                .encode(text.as_str(), false)
+                .map_err(|e| EngineError::Tokenizer(e.to_string()))?
+                .get_ids()
+                .to_vec(),
+        };
+        if prompt.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+        }
+        let vocab = model.tokenizer.get_vocab_size(true) as u32;
+        if let Some(t) = prompt.iter().find(|&&t| t >= vocab) {
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {t} is not in the vocabulary"
+            )));
+        }
+        let limit = model.context_length.min(model.kv_capacity_tokens);
+        if prompt.len() >= limit {
+            return Err(EngineError::InvalidRequest(format!(
+                "the prompt has {} tokens; this model takes at most {}",
+                prompt.len(),
+                limit - 1
+            )));
+        }
+        Ok(prompt)
+    }
+}
+
+/// Keeps a prefix's KV blocks pinned on the device; dropping it unpins them.
+pub struct PrefixPin {
+    id: u64,
+    tokens: usize,
+    commands: Sender<Command>,
+}
+
+impl PrefixPin {
+    /// Length of the pinned prefix in tokens (only its full blocks are pinned).
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+}
+
+impl Drop for PrefixPin {
+    fn drop(&mut self) {
+        // An engine that has stopped holds nothing to unpin.
+        let _ = self.commands.send(Command::Unpin { id: self.id });
     }
 }
 

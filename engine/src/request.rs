@@ -169,6 +169,8 @@ impl FinishReason {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens whose keys and values came from the prefix cache instead of being computed.
+    pub cached_tokens: usize,
 }
 
 /// What the engine sends back for a request, in order: any number of `Delta`s, then exactly one

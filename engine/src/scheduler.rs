@@ -4,7 +4,7 @@
 //! Contract (as in vLLM v1): [`Scheduler::schedule`] returns a [`StepPlan`]; the caller runs the
 //! model on it, then calls [`Scheduler::commit`] and, for each sampled token,
 //! [`Scheduler::append`]; finished, cancelled or expired sequences leave through
-//! [`Scheduler::remove`], and their blocks go back to the pool as they are dropped.
+//! [`Scheduler::remove`], and their blocks go back to the KV manager as they are dropped.
 //!
 //! Each step, under a per-step token budget:
 //! 1. every decoding sequence gets its one token (so a long prompt never stalls them);
@@ -13,11 +13,15 @@
 //!    first chunk's blocks fit (keeping a small watermark free for decodes). The queue head is
 //!    never skipped, so a large request cannot be starved by small ones.
 //!
-//! When a decoding sequence needs a block and none is free, the newest sequence of the lowest
-//! priority that is not yet scheduled this step is preempted: its blocks are freed and it goes
-//! back to the waiting queue, to be recomputed from its tokens later.
+//! Admission first reuses every leading block the prefix cache holds (device or host tier), so
+//! only the rest of the prompt is computed.
+//!
+//! When a decoding sequence needs a block and none can be had, the newest sequence of the lowest
+//! priority that is not yet scheduled this step is preempted: its blocks are swapped out to the
+//! host tier (or, when the host tier is full, dropped, to be recomputed from its tokens) and it
+//! goes back to the waiting queue; admission swaps it back in.
 
-use crate::kv_cache::{BlockId, BlockPool};
+use crate::kv_cache::{BlockId, KvManager};
 use crate::request::RequestId;
 use crate::sequence::Sequence;
 
@@ -68,11 +72,15 @@ impl StepPlan {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SchedulerStats {
     pub preemptions: u64,
+    /// Preemptions that swapped the sequence out.
+    pub swaps_out: u64,
+    /// Preemptions that dropped the cache, to recompute it.
+    pub recomputes: u64,
 }
 
 pub struct Scheduler {
     config: SchedulerConfig,
-    pool: BlockPool,
+    kv: KvManager,
     /// Sorted by [`Sequence::key`].
     waiting: Vec<Sequence>,
     /// Sorted by [`Sequence::key`].
@@ -81,18 +89,18 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(config: SchedulerConfig, pool: BlockPool) -> Self {
+    pub fn new(config: SchedulerConfig, kv: KvManager) -> Self {
         Self {
             config,
-            pool,
+            kv,
             waiting: Vec::new(),
             running: Vec::new(),
             stats: SchedulerStats::default(),
         }
     }
 
-    pub fn pool(&self) -> &BlockPool {
-        &self.pool
+    pub fn kv(&self) -> &KvManager {
+        &self.kv
     }
 
     pub fn stats(&self) -> SchedulerStats {
@@ -224,33 +232,51 @@ impl Scheduler {
         }
     }
 
-    /// Step 3: admit waiting sequences in order while their first chunk fits.
+    /// Step 3: admit waiting sequences in order while their first chunk fits: swapped ones are
+    /// swapped back in, new ones take what the prefix cache has.
     fn admit(&mut self, plan: &mut StepPlan, budget: &mut usize) {
+        let reserve = self.config.watermark_blocks;
         while *budget > 0 && self.running.len() < self.config.max_running {
-            let Some(seq) = self.waiting.first() else {
-                break;
-            };
-            let n = self.fit(
-                seq,
-                seq.num_pending().min(*budget),
-                self.config.watermark_blocks,
-            );
-            if n == 0 {
+            if self.waiting.is_empty() {
                 break;
             }
             let mut seq = self.waiting.remove(0);
+            if let Some(swapped) = seq.swapped.take() {
+                let need = self.blocks_for(seq.num_computed() + 1).max(swapped.len());
+                if self.kv.num_available() < need + reserve {
+                    seq.swapped = Some(swapped);
+                    self.waiting.insert(0, seq);
+                    break;
+                }
+                if let Err(swapped) = seq.blocks.swap_in(swapped) {
+                    seq.swapped = Some(swapped);
+                    self.waiting.insert(0, seq);
+                    break;
+                }
+            } else if seq.num_computed() == 0 {
+                seq.reuse_prefix();
+            }
+            let n = self.fit(&seq, seq.num_pending().min(*budget), reserve);
+            if n == 0 {
+                // Only a new sequence can get here (a swap-in checked its room): give back the
+                // prefix blocks it took and wait.
+                seq.evict();
+                self.waiting.insert(0, seq);
+                break;
+            }
             let grown = seq.blocks.grow_to(self.blocks_for(seq.num_computed() + n));
-            debug_assert!(grown, "fit() checked the free blocks");
+            debug_assert!(grown, "fit() checked the available blocks");
+            let decode = seq.is_decoding();
             let i = insert_sorted(&mut self.running, seq);
-            self.plan_item(plan, i, n, false);
+            self.plan_item(plan, i, n, decode);
             *budget -= n;
         }
     }
 
-    /// How many of `want` tokens `seq` can compute with its blocks and the free ones, leaving
-    /// `reserve` blocks free.
+    /// How many of `want` tokens `seq` can compute with its blocks and the available ones,
+    /// leaving `reserve` blocks available.
     fn fit(&self, seq: &Sequence, want: usize, reserve: usize) -> usize {
-        let usable = self.pool.num_free().saturating_sub(reserve) + seq.blocks.len();
+        let usable = self.kv.num_available().saturating_sub(reserve) + seq.blocks.len();
         let capacity = (usable * self.config.block_size).saturating_sub(seq.num_computed());
         want.min(capacity)
     }
@@ -279,13 +305,24 @@ impl Scheduler {
             .position(|s| s.id == id)
             .expect("only running sequences are preempted");
         let mut seq = self.running.remove(i);
-        seq.evict();
         self.stats.preemptions += 1;
-        tracing::debug!(id = id.0, "preempted; will recompute");
+        match seq.blocks.swap_out() {
+            Some(swapped) => {
+                seq.swapped = Some(swapped);
+                self.stats.swaps_out += 1;
+                tracing::debug!(id = id.0, "preempted; swapped out");
+            }
+            None => {
+                seq.evict();
+                self.stats.recomputes += 1;
+                tracing::debug!(id = id.0, "preempted; will recompute");
+            }
+        }
         insert_sorted(&mut self.waiting, seq);
     }
 
-    /// Records that the plan ran: its tokens are now in the cache.
+    /// Records that the plan ran: its tokens are now in the cache, and the blocks they filled
+    /// are offered to the prefix cache.
     pub fn commit(&mut self, plan: &StepPlan) {
         for item in &plan.items {
             if let Some(seq) = self.running.iter_mut().find(|s| s.id == item.id) {
@@ -301,25 +338,29 @@ impl Scheduler {
         }
     }
 
-    /// Checks the block accounting: every block is either free or held by exactly one sequence,
-    /// and every sequence's blocks cover its computed tokens.
+    /// Checks the books: the KV manager's own invariants, every running sequence's blocks cover
+    /// its computed tokens, waiting sequences hold no device blocks, and only swapped ones keep
+    /// computed tokens.
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.pool.check_invariants()?;
-        let held: usize = self.sequences().map(|s| s.blocks.len()).sum();
-        if held + self.pool.num_free() != self.pool.num_blocks() {
-            return Err(format!(
-                "{held} held + {} free != {} blocks",
-                self.pool.num_free(),
-                self.pool.num_blocks()
-            ));
-        }
-        for s in self.sequences() {
-            if s.blocks.len() * self.config.block_size < s.num_computed() {
-                return Err(format!("{:?} computed beyond its blocks", s.id));
+        self.kv.check_invariants()?;
+        for s in &self.running {
+            if s.blocks.len() * self.config.block_size < s.num_computed() || s.swapped.is_some() {
+                return Err(format!("running {:?} does not hold its cache", s.id));
             }
         }
-        if self.waiting.iter().any(|s| s.num_computed() != 0) {
-            return Err("a waiting sequence claims cached tokens".into());
+        for s in &self.waiting {
+            if !s.blocks.is_empty() {
+                return Err(format!("waiting {:?} holds device blocks", s.id));
+            }
+            match &s.swapped {
+                Some(sw) if sw.len() * self.config.block_size < s.num_computed() => {
+                    return Err(format!("swapped {:?} lost part of its cache", s.id));
+                }
+                None if s.num_computed() != 0 => {
+                    return Err(format!("waiting {:?} claims cached tokens", s.id));
+                }
+                _ => {}
+            }
         }
         Ok(())
     }
@@ -337,7 +378,14 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn scheduler(blocks: usize, budget: usize) -> Scheduler {
+    use crate::kv_cache::KvConfig;
+
+    fn scheduler_with(
+        blocks: usize,
+        budget: usize,
+        host_slots: usize,
+        prefix_caching: bool,
+    ) -> Scheduler {
         Scheduler::new(
             SchedulerConfig {
                 max_step_tokens: budget,
@@ -345,17 +393,31 @@ mod tests {
                 block_size: 4,
                 watermark_blocks: 1,
             },
-            BlockPool::new(blocks),
+            KvManager::new(KvConfig {
+                num_blocks: blocks,
+                block_size: 4,
+                host_slots,
+                prefix_caching,
+                salt: 0,
+            }),
         )
     }
 
+    /// No host tier, no prefix cache: preemption recomputes.
+    fn scheduler(blocks: usize, budget: usize) -> Scheduler {
+        scheduler_with(blocks, budget, 0, false)
+    }
+
+    fn seq_with(s: &Scheduler, id: u64, tokens: Vec<u32>, priority: i32) -> Sequence {
+        Sequence::new(RequestId(id), tokens, s.kv().table(), priority, id)
+    }
+
     fn seq(s: &Scheduler, id: u64, prompt: usize, priority: i32) -> Sequence {
-        Sequence::new(
-            RequestId(id),
-            vec![7; prompt],
-            s.pool().table(),
-            priority,
+        seq_with(
+            s,
             id,
+            (0..prompt as u32).map(|t| t + 1000 * id as u32).collect(),
+            priority,
         )
     }
 
@@ -408,7 +470,7 @@ mod tests {
         step(&mut s);
         step(&mut s);
         assert_eq!(s.num_running(), 2);
-        assert_eq!(s.pool().num_free(), 0);
+        assert_eq!(s.kv().num_available(), 0);
         assert_eq!(s.stats().preemptions, 0);
         // Both now hold 9 tokens; computing the ninth needs a third block each.
         let plan = step(&mut s);
@@ -435,7 +497,57 @@ mod tests {
         let plan = step(&mut s);
         assert_eq!(plan.unservable, vec![RequestId(1)]);
         assert!(s.is_idle());
-        assert_eq!(s.pool().num_free(), 2);
+        assert_eq!(s.kv().num_available(), 2);
+    }
+
+    #[test]
+    fn preemption_swaps_out_and_admission_swaps_back_in() {
+        let mut s = scheduler_with(4, 64, 8, false);
+        s.config.watermark_blocks = 0;
+        s.add(seq(&s, 1, 7, 0));
+        s.add(seq(&s, 2, 7, 0));
+        step(&mut s);
+        step(&mut s);
+        let plan = step(&mut s);
+        assert_eq!(s.stats().swaps_out, 1);
+        assert_eq!(s.stats().recomputes, 0);
+        assert_eq!(plan.items.len(), 1);
+        let parked = s.get(RequestId(2)).unwrap();
+        assert_eq!(
+            parked.num_computed(),
+            8,
+            "a swapped sequence keeps its cache"
+        );
+        assert_eq!(s.kv().take_copies().len(), 2);
+        s.kv().copies_done();
+        s.remove(RequestId(1));
+        let plan = step(&mut s);
+        assert_eq!(plan.items[0].id, RequestId(2));
+        assert_eq!(plan.items[0].tokens.len(), 1, "back in, it only decodes");
+        assert_eq!(plan.items[0].pos0, 8);
+        assert_eq!(s.kv().take_copies().len(), 2);
+        s.kv().copies_done();
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn admission_reuses_a_cached_prefix() {
+        let mut s = scheduler_with(16, 64, 0, true);
+        let shared: Vec<u32> = (0..9).collect();
+        s.add(seq_with(&s, 1, shared.clone(), 0));
+        step(&mut s);
+        s.remove(RequestId(1));
+        let mut other = shared[..8].to_vec();
+        other.extend([50, 51, 52]);
+        s.add(seq_with(&s, 2, other, 0));
+        let plan = step(&mut s);
+        assert_eq!(
+            plan.items[0].pos0, 8,
+            "the two full shared blocks are reused"
+        );
+        assert_eq!(plan.items[0].tokens, vec![50, 51, 52]);
+        assert_eq!(s.get(RequestId(2)).unwrap().cached_tokens(), 8);
+        s.check_invariants().unwrap();
     }
 
     #[derive(Clone, Debug)]
@@ -463,8 +575,13 @@ mod tests {
         /// Whatever mix of finishing, cancelled, preempted and timed-out sequences, the block
         /// accounting holds after every operation and every block is back in the pool at the end.
         #[test]
-        fn no_block_leaks(ops in prop::collection::vec(op(), 1..200), blocks in 6usize..24) {
-            let mut s = scheduler(blocks, 16);
+        fn no_block_leaks(
+            ops in prop::collection::vec(op(), 1..200),
+            blocks in 6usize..24,
+            host in 0usize..16,
+            prefix_caching in any::<bool>(),
+        ) {
+            let mut s = scheduler_with(blocks, 16, host, prefix_caching);
             let mut next = 0;
             for op in ops {
                 match op {
@@ -472,11 +589,18 @@ mod tests {
                         // Prompts that can never fit are rejected before they reach the scheduler.
                         if prompt.div_ceil(4) < blocks {
                             next += 1;
-                            s.add(seq(&s, next, prompt, priority));
+                            // Half the prompts share a prefix, for the prefix cache to find.
+                            let tokens = (0..prompt as u32)
+                                .map(|t| if next % 2 == 0 && t < 12 { t } else { t + 1000 * next as u32 })
+                                .collect();
+                            s.add(seq_with(&s, next, tokens, priority));
                         }
                     }
                     Op::Step => {
                         let plan = step(&mut s);
+                        // The worker runs the step's copies before the forward pass.
+                        s.kv().take_copies();
+                        s.kv().copies_done();
                         for id in &plan.unservable {
                             prop_assert!(s.get(*id).is_none());
                         }
@@ -499,7 +623,10 @@ mod tests {
             for id in ids {
                 s.remove(id);
             }
-            prop_assert_eq!(s.pool().num_free(), blocks);
+            let g = s.kv().gauges();
+            prop_assert_eq!(g.device_used, 0);
+            prop_assert_eq!(g.device_free + g.device_cached, blocks);
+            prop_assert_eq!(g.host_swapped, 0);
         }
     }
 }

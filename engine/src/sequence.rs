@@ -1,12 +1,13 @@
 //! A sequence as the scheduler sees it: its tokens, how many of them are in the KV cache, the
-//! blocks holding them, and the keys that order it against the others.
+//! blocks holding them (on the device, or swapped out to the host tier), and the keys that
+//! order it against the others.
 //!
 //! What a sequence *produces* (sampling, text, events) lives with the worker, so scheduling can
 //! be reasoned about and tested without a model.
 
 use std::cmp::Reverse;
 
-use crate::kv_cache::BlockTable;
+use crate::kv_cache::{BlockTable, PrefixHit, SwappedBlocks};
 use crate::request::RequestId;
 
 pub struct Sequence {
@@ -16,6 +17,10 @@ pub struct Sequence {
     /// Leading tokens whose keys and values are in the cache.
     num_computed: usize,
     pub blocks: BlockTable,
+    /// Set while preempted by swapping: the cache lives in the host tier.
+    pub swapped: Option<SwappedBlocks>,
+    /// Prompt tokens served from the prefix cache at first admission.
+    cached_tokens: Option<usize>,
     pub priority: i32,
     /// Admission order: earlier arrivals of a priority class run first.
     pub arrival: u64,
@@ -38,6 +43,8 @@ impl Sequence {
             tokens: prompt,
             num_computed: 0,
             blocks,
+            swapped: None,
+            cached_tokens: None,
             priority,
             arrival,
         }
@@ -63,6 +70,20 @@ impl Sequence {
         self.num_computed
     }
 
+    /// Prompt tokens the prefix cache supplied (0 before admission).
+    pub fn cached_tokens(&self) -> usize {
+        self.cached_tokens.unwrap_or(0)
+    }
+
+    /// Takes what the prefix cache holds of this sequence's tokens, as already computed.
+    pub(crate) fn reuse_prefix(&mut self) -> PrefixHit {
+        debug_assert_eq!(self.num_computed, 0);
+        let hit = self.blocks.attach_prefix(&self.tokens);
+        self.num_computed = hit.tokens();
+        self.cached_tokens.get_or_insert(hit.tokens());
+        hit
+    }
+
     /// Tokens still to run through the model before the next one can be sampled: 1 while
     /// decoding, more while (re)filling the cache.
     pub fn num_pending(&self) -> usize {
@@ -73,9 +94,11 @@ impl Sequence {
         self.num_pending() == 1 && self.num_computed > 0
     }
 
+    /// `n` more tokens are in the cache; the blocks they filled go to the prefix cache.
     pub(crate) fn advance(&mut self, n: usize) {
         self.num_computed += n;
         debug_assert!(self.num_computed <= self.tokens.len());
+        self.blocks.register_full(&self.tokens, self.num_computed);
     }
 
     pub(crate) fn push_token(&mut self, token: u32) {
@@ -90,6 +113,7 @@ impl Sequence {
     /// Drops the cached keys and values; they will be recomputed from the tokens.
     pub(crate) fn evict(&mut self) {
         self.blocks.clear();
+        self.swapped = None;
         self.num_computed = 0;
     }
 }

@@ -1,21 +1,24 @@
 //! The engine loop, on its own thread: receive requests, plan a step, run the model, sample,
 //! send events, repeat.
 //!
-//! The worker owns everything the step touches (model, KV storage, scheduler, per-request
-//! output state); the async world reaches it only through the command channel and each
-//! request's event channel. A request whose event receiver is gone is cancelled at the next step
-//! and its blocks freed; one past its deadline ends with an error event.
+//! The worker owns everything the step touches (model, KV memory of both tiers, scheduler,
+//! per-request output state); the async world reaches it only through the command channel and
+//! each request's event channel. A request whose event receiver is gone is cancelled at the next
+//! step and its blocks freed; one past its deadline ends with an error event.
+//!
+//! A step: schedule, run the copies between the KV tiers that scheduling queued (swaps, host-tier
+//! prefix hits, evictions to the host) in one batch, run the forward pass, sample.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::kv_cache::{BlockPool, KvStorage};
+use crate::kv_cache::{BlockKey, HostStore, KvConfig, KvCounters, KvGauges, KvManager, KvStorage};
 use crate::model::{ForwardBatch, Llama};
 use crate::request::{Event, FinishReason, GenerateRequest, RequestId, Usage};
 use crate::sampler::Sampler;
@@ -34,6 +37,24 @@ pub(crate) struct Submission {
 
 pub(crate) enum Command {
     Submit(Box<Submission>),
+    /// Prefill `prompt` and pin its full blocks until `Unpin` with the same id.
+    Pin {
+        id: u64,
+        prompt: Vec<u32>,
+    },
+    Unpin {
+        id: u64,
+    },
+}
+
+/// A pinned prefix, from the worker's side.
+enum Pin {
+    /// Being prefilled by an internal request; its event receiver is kept here so the request
+    /// is not taken for cancelled.
+    Warming {
+        _events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    },
+    Pinned(Vec<BlockKey>),
 }
 
 /// Counts a request against the engine's queue bound for as long as it is in the engine.
@@ -57,13 +78,22 @@ impl Drop for QueueSlot {
     }
 }
 
+/// What the KV cache looks like, both tiers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvSnapshot {
+    pub gauges: KvGauges,
+    pub counters: KvCounters,
+    /// Preemptions that swapped a sequence out to the host tier.
+    pub swaps_out: u64,
+    /// Preemptions that dropped a sequence's cache, to recompute it.
+    pub recomputes: u64,
+}
+
 /// Live figures the engine publishes after every step.
 #[derive(Debug, Default)]
 pub struct EngineStats {
     pub running: AtomicUsize,
     pub waiting: AtomicUsize,
-    pub free_blocks: AtomicUsize,
-    pub total_blocks: AtomicUsize,
     pub steps: AtomicU64,
     pub prefill_tokens: AtomicU64,
     pub decode_tokens: AtomicU64,
@@ -71,6 +101,13 @@ pub struct EngineStats {
     pub prefill_nanos: AtomicU64,
     pub decode_nanos: AtomicU64,
     pub preemptions: AtomicU64,
+    kv: Mutex<KvSnapshot>,
+}
+
+impl EngineStats {
+    pub fn kv(&self) -> KvSnapshot {
+        *self.kv.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// What the worker keeps per request besides its [`Sequence`].
@@ -81,13 +118,29 @@ struct Output {
     max_tokens: usize,
     stop_tokens: Vec<u32>,
     deadline: Option<Instant>,
-    _slot: QueueSlot,
+    /// Internal requests (prefix pre-warming) take no queue slot.
+    _slot: Option<QueueSlot>,
+    /// Set for the request that pre-warms a pinned prefix.
+    pin: Option<u64>,
+}
+
+/// Everything the worker is built from.
+pub(crate) struct WorkerSetup {
+    pub model: Llama,
+    pub storage: KvStorage,
+    pub host: HostStore,
+    pub kv: KvConfig,
+    pub scheduler: SchedulerConfig,
+    pub tokenizer: Arc<Tokenizer>,
+    pub eos: Vec<u32>,
 }
 
 pub(crate) struct Worker {
     model: Llama,
-    kv: KvStorage,
+    storage: KvStorage,
+    host: HostStore,
     scheduler: Scheduler,
+    pins: HashMap<u64, Pin>,
     outputs: HashMap<RequestId, Output>,
     tokenizer: Arc<Tokenizer>,
     eos: Vec<u32>,
@@ -97,21 +150,22 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        model: Llama,
-        kv: KvStorage,
-        config: SchedulerConfig,
-        tokenizer: Arc<Tokenizer>,
-        eos: Vec<u32>,
-        commands: Receiver<Command>,
-        stats: Arc<EngineStats>,
-    ) -> Self {
-        let pool = BlockPool::new(kv.num_blocks());
+    pub fn new(setup: WorkerSetup, commands: Receiver<Command>, stats: Arc<EngineStats>) -> Self {
+        let WorkerSetup {
+            model,
+            storage,
+            host,
+            kv,
+            scheduler,
+            tokenizer,
+            eos,
+        } = setup;
         Self {
             model,
-            kv,
-            scheduler: Scheduler::new(config, pool),
+            storage,
+            host,
+            scheduler: Scheduler::new(scheduler, KvManager::new(kv)),
+            pins: HashMap::new(),
             outputs: HashMap::new(),
             tokenizer,
             eos,
@@ -128,6 +182,12 @@ impl Worker {
             self.reap();
             if !self.scheduler.is_idle() {
                 let plan = self.scheduler.schedule();
+                let kv = self.scheduler.kv();
+                let copies = kv.take_copies();
+                if !copies.is_empty() {
+                    self.storage.run_copies(&copies, &mut self.host);
+                }
+                kv.copies_done();
                 for id in &plan.unservable {
                     let error = "the sequence does not fit in the KV cache";
                     self.finish(*id, FinishReason::Error, Some(error));
@@ -170,28 +230,59 @@ impl Worker {
                     events,
                     slot,
                 } = *s;
-                let mut stop_tokens = request.stop_token_ids.clone();
-                if !request.ignore_eos {
-                    stop_tokens.extend(&self.eos);
-                }
-                self.outputs.insert(
-                    id,
-                    Output {
-                        events,
-                        sampler: Sampler::new(request.sampling, request.logprobs, &prompt),
-                        text: TextStream::new(self.tokenizer.clone(), request.stop),
-                        max_tokens: request.max_tokens,
-                        stop_tokens,
-                        deadline: request.deadline,
-                        _slot: slot,
-                    },
-                );
-                self.next_arrival += 1;
-                let table = self.scheduler.pool().table();
-                let seq = Sequence::new(id, prompt, table, request.priority, self.next_arrival);
-                self.scheduler.add(seq);
+                self.admit(id, prompt, request, events, Some(slot), None);
             }
+            Command::Pin { id, prompt } => {
+                let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+                let request = GenerateRequest {
+                    sampling: crate::SamplingParams::greedy(),
+                    max_tokens: 1,
+                    ignore_eos: true,
+                    ..GenerateRequest::new(crate::Prompt::Tokens(Vec::new()))
+                };
+                self.pins.insert(id, Pin::Warming { _events: rx });
+                // Internal requests use ids above any the handle gives out.
+                let request_id = RequestId(u64::MAX - id);
+                self.admit(request_id, prompt, request, events, None, Some(id));
+            }
+            Command::Unpin { id } => match self.pins.remove(&id) {
+                Some(Pin::Pinned(keys)) => self.scheduler.kv().unpin(&keys),
+                // Dropping the receiver cancels the pre-warming request.
+                Some(Pin::Warming { .. }) | None => {}
+            },
         }
+    }
+
+    fn admit(
+        &mut self,
+        id: RequestId,
+        prompt: Vec<u32>,
+        request: GenerateRequest,
+        events: UnboundedSender<Event>,
+        slot: Option<QueueSlot>,
+        pin: Option<u64>,
+    ) {
+        let mut stop_tokens = request.stop_token_ids.clone();
+        if !request.ignore_eos {
+            stop_tokens.extend(&self.eos);
+        }
+        self.outputs.insert(
+            id,
+            Output {
+                events,
+                sampler: Sampler::new(request.sampling, request.logprobs, &prompt),
+                text: TextStream::new(self.tokenizer.clone(), request.stop),
+                max_tokens: request.max_tokens,
+                stop_tokens,
+                deadline: request.deadline,
+                _slot: slot,
+                pin,
+            },
+        );
+        self.next_arrival += 1;
+        let table = self.scheduler.kv().table();
+        let seq = Sequence::new(id, prompt, table, request.priority, self.next_arrival);
+        self.scheduler.add(seq);
     }
 
     /// Drops cancelled requests and ends expired ones.
@@ -223,7 +314,7 @@ impl Worker {
         let started = Instant::now();
         let logits = self
             .model
-            .forward(&batch, &mut self.kv)
+            .forward(&batch, &mut self.storage)
             .and_then(|l| Ok(l.to_vec2::<f32>()?));
         let elapsed = started.elapsed().as_nanos() as u64;
         let logits = match logits {
@@ -300,6 +391,15 @@ impl Worker {
         let Some(mut out) = self.outputs.remove(&id) else {
             return;
         };
+        if let (Some(pin), Some(seq)) = (out.pin, &seq) {
+            // A pre-warmed prefix: pin its full blocks, unless it was unpinned meanwhile.
+            if let Some(entry @ Pin::Warming { .. }) = self.pins.get_mut(&pin) {
+                let keys = seq.blocks.prefix_keys(seq.prompt_len());
+                let pinned = self.scheduler.kv().pin(&keys);
+                tracing::info!(blocks = pinned, "prefix pinned");
+                *entry = Pin::Pinned(keys);
+            }
+        }
         if matches!(reason, FinishReason::Stop | FinishReason::Length) {
             let rest = out.text.flush();
             if !rest.is_empty() {
@@ -313,6 +413,7 @@ impl Worker {
         let usage = seq.map_or_else(Usage::default, |s| Usage {
             prompt_tokens: s.prompt_len(),
             completion_tokens: s.num_generated(),
+            cached_tokens: s.cached_tokens(),
         });
         let _ = out.events.send(Event::Finished {
             reason,
@@ -323,15 +424,18 @@ impl Worker {
 
     fn publish_stats(&self) {
         let s = &self.stats;
+        let sched = self.scheduler.stats();
         s.running
             .store(self.scheduler.num_running(), Ordering::Relaxed);
         s.waiting
             .store(self.scheduler.num_waiting(), Ordering::Relaxed);
-        s.free_blocks
-            .store(self.scheduler.pool().num_free(), Ordering::Relaxed);
-        s.total_blocks
-            .store(self.scheduler.pool().num_blocks(), Ordering::Relaxed);
-        s.preemptions
-            .store(self.scheduler.stats().preemptions, Ordering::Relaxed);
+        s.preemptions.store(sched.preemptions, Ordering::Relaxed);
+        let kv = self.scheduler.kv();
+        *s.kv.lock().unwrap_or_else(|e| e.into_inner()) = KvSnapshot {
+            gauges: kv.gauges(),
+            counters: kv.counters(),
+            swaps_out: sched.swaps_out,
+            recomputes: sched.recomputes,
+        };
     }
 }

@@ -171,6 +171,14 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// OpenAI's breakdown of the prompt tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens served from the prefix cache rather than computed.
+    pub cached_tokens: usize,
 }
 
 /// `logprobs` of a choice or a chunk: one entry per generated token.
@@ -292,6 +300,7 @@ mod tests {
                 prompt_tokens: 3,
                 completion_tokens: 2,
                 total_tokens: 5,
+                prompt_tokens_details: PromptTokensDetails { cached_tokens: 1 },
             },
         };
         assert_eq!(
@@ -304,7 +313,10 @@ mod tests {
                     "logprobs": null,
                     "finish_reason": "stop"
                 }],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+                "usage": {
+                    "prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                    "prompt_tokens_details": {"cached_tokens": 1}
+                }
             })
         );
     }
@@ -365,6 +377,7 @@ mod tests {
             prompt_tokens: 3,
             completion_tokens: 2,
             total_tokens: 5,
+            prompt_tokens_details: PromptTokensDetails::default(),
         };
         let usage = serde_json::to_value(chunk(Vec::new(), Some(Some(usage)))).unwrap();
         assert_eq!(usage["choices"], json!([]));

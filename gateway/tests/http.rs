@@ -111,21 +111,21 @@ async fn server(state: AppState) -> SocketAddr {
     addr
 }
 
-/// Waits, at most 5 s, until the engine runs nothing and every KV block is free again.
+/// Waits, at most 5 s, until the engine runs nothing and no sequence holds a KV block (blocks
+/// kept for prefix reuse are free to take).
 async fn wait_until_idle() {
     let stats = engine().stats();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let running = stats.running.load(Ordering::Relaxed);
         let waiting = stats.waiting.load(Ordering::Relaxed);
-        let free = stats.free_blocks.load(Ordering::Relaxed);
-        let total = stats.total_blocks.load(Ordering::Relaxed);
-        if running == 0 && waiting == 0 && free == total {
+        let kv = stats.kv().gauges;
+        if running == 0 && waiting == 0 && kv.device_used == 0 && kv.host_swapped == 0 {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "still running={running} waiting={waiting} free={free}/{total}"
+            "still running={running} waiting={waiting} kv={kv:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

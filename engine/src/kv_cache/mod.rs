@@ -1,11 +1,23 @@
-//! Paged KV cache: fixed-size blocks of key/value vectors, handed out to sequences by a pool.
+//! The KV cache: fixed-size blocks of keys and values in two tiers.
 //!
-//! [`BlockPool`] decides which blocks are free and who holds them; [`KvStorage`] is the memory
-//! the blocks name. A sequence's [`BlockTable`] returns its blocks to the pool when it is dropped,
-//! so no path (finish, error, cancel, preemption, deadline) can leak one.
+//! - [`block_pool`]: the device tier's books (reference counts, free list, cached blocks in LRU
+//!   order, pins);
+//! - [`host_tier`]: the host tier's books (cached and swapped blocks in CPU RAM);
+//! - [`prefix`]: content addresses of full blocks, chained over the whole prefix;
+//! - [`manager`]: the policy over both (prefix reuse, eviction to the host, swapping) and the
+//!   per-sequence [`BlockTable`], which frees its blocks when dropped;
+//! - [`storage`]: the memory itself, and the copies between the tiers.
 
 pub mod block_pool;
+pub mod host_tier;
+pub mod manager;
+pub mod prefix;
 pub mod storage;
 
-pub use block_pool::{BlockId, BlockPool, BlockTable};
-pub use storage::{KvLayout, KvStorage};
+pub use block_pool::BlockId;
+pub use host_tier::HostSlot;
+pub use manager::{
+    BlockTable, CopyOp, KvConfig, KvCounters, KvGauges, KvManager, PrefixHit, SwappedBlocks,
+};
+pub use prefix::{BlockHash, BlockKey};
+pub use storage::{HostStore, KvLayout, KvStorage};

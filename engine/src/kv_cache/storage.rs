@@ -1,10 +1,12 @@
-//! The memory behind the KV blocks: per layer, one key and one value array holding every block.
+//! The memory behind the KV blocks: per layer, one key and one value array holding every device
+//! block; and the host tier's slots, each one whole block (every layer's keys and values).
 //!
 //! Layout per layer: `[block][kv_head][slot][head_dim]` f32, so the keys of one head in one
-//! block (the unit attention streams through) are contiguous. The arrays are allocated once, at
-//! start-up, from the memory budget; nothing here allocates afterwards.
+//! block (the unit attention streams through) are contiguous, and so is a whole block, which
+//! makes a copy between the tiers one `memcpy` per layer and side. Everything is allocated once,
+//! at start-up, from the memory budgets; nothing here allocates afterwards.
 
-use super::BlockId;
+use super::{BlockId, CopyOp, HostSlot};
 
 /// Shape of the cache, as the model defines it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +72,28 @@ impl KvStorage {
         (&self.keys[layer], &self.values[layer])
     }
 
+    /// Runs a step's copies between the tiers, in the order given.
+    pub fn run_copies(&mut self, copies: &[CopyOp], host: &mut HostStore) {
+        let be = self.layout.block_elems();
+        for &copy in copies {
+            for layer in 0..self.layout.num_layers {
+                for (side, device) in [&mut self.keys[layer], &mut self.values[layer]]
+                    .into_iter()
+                    .enumerate()
+                {
+                    match copy {
+                        CopyOp::ToHost { block, slot } => host
+                            .part_mut(slot, layer, side)
+                            .copy_from_slice(&device[block.index() * be..(block.index() + 1) * be]),
+                        CopyOp::ToDevice { slot, block } => device
+                            [block.index() * be..(block.index() + 1) * be]
+                            .copy_from_slice(host.part(slot, layer, side)),
+                    }
+                }
+            }
+        }
+    }
+
     /// Stores the keys and values of one token (`[n_kv_heads * head_dim]` each) at `slot` of
     /// `block`.
     pub fn write(&mut self, layer: usize, block: BlockId, slot: usize, k: &[f32], v: &[f32]) {
@@ -78,6 +102,78 @@ impl KvStorage {
             let at = self.layout.offset(block, head, slot);
             self.keys[layer][at..at + hd].copy_from_slice(&k[head * hd..(head + 1) * hd]);
             self.values[layer][at..at + hd].copy_from_slice(&v[head * hd..(head + 1) * hd]);
+        }
+    }
+}
+
+/// The host tier's memory: `slots` whole blocks.
+pub struct HostStore {
+    layout: KvLayout,
+    data: Vec<f32>,
+}
+
+impl HostStore {
+    pub fn new(layout: KvLayout, slots: usize) -> Self {
+        Self {
+            layout,
+            data: vec![0f32; slots * 2 * layout.num_layers * layout.block_elems()],
+        }
+    }
+
+    fn range(&self, slot: HostSlot, layer: usize, side: usize) -> std::ops::Range<usize> {
+        let be = self.layout.block_elems();
+        let at = ((slot.index() * self.layout.num_layers + layer) * 2 + side) * be;
+        at..at + be
+    }
+
+    fn part(&self, slot: HostSlot, layer: usize, side: usize) -> &[f32] {
+        &self.data[self.range(slot, layer, side)]
+    }
+
+    fn part_mut(&mut self, slot: HostSlot, layer: usize, side: usize) -> &mut [f32] {
+        let r = self.range(slot, layer, side);
+        &mut self.data[r]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_round_trip_through_the_host() {
+        let layout = KvLayout {
+            num_layers: 2,
+            block_size: 2,
+            n_kv_heads: 1,
+            head_dim: 4,
+        };
+        let mut kv = KvStorage::new(layout, 3);
+        let mut host = HostStore::new(layout, 2);
+        let k: Vec<f32> = (0..4).map(|i| i as f32).collect();
+        let v: Vec<f32> = (0..4).map(|i| -(i as f32)).collect();
+        for layer in 0..2 {
+            kv.write(layer, BlockId(1), 1, &k, &v);
+        }
+        kv.run_copies(
+            &[CopyOp::ToHost {
+                block: BlockId(1),
+                slot: HostSlot(1),
+            }],
+            &mut host,
+        );
+        kv.run_copies(
+            &[CopyOp::ToDevice {
+                slot: HostSlot(1),
+                block: BlockId(2),
+            }],
+            &mut host,
+        );
+        for layer in 0..2 {
+            let (keys, values) = kv.layer(layer);
+            let at = layout.offset(BlockId(2), 0, 1);
+            assert_eq!(&keys[at..at + 4], &k[..]);
+            assert_eq!(&values[at..at + 4], &v[..]);
         }
     }
 }

@@ -32,7 +32,7 @@ use tokenizers::Tokenizer;
 
 use crate::api::{
     self, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
-    ChoiceLogprobs, ChunkChoice, ChunkDelta, Usage,
+    ChoiceLogprobs, ChunkChoice, ChunkDelta, PromptTokensDetails, Usage,
 };
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -309,6 +309,9 @@ fn usage_of(usage: engine::Usage) -> Usage {
         prompt_tokens: usage.prompt_tokens,
         completion_tokens: usage.completion_tokens,
         total_tokens: usage.prompt_tokens + usage.completion_tokens,
+        prompt_tokens_details: PromptTokensDetails {
+            cached_tokens: usage.cached_tokens,
+        },
     }
 }
 
@@ -357,6 +360,7 @@ mod tests {
             usage: engine::Usage {
                 prompt_tokens: 10,
                 completion_tokens: 3,
+                cached_tokens: 4,
             },
             error: error.map(str::to_owned),
         }
@@ -405,7 +409,10 @@ mod tests {
         assert_eq!(sent[4]["choices"], json!([]));
         assert_eq!(
             sent[4]["usage"],
-            json!({"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13})
+            json!({
+                "prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
+                "prompt_tokens_details": {"cached_tokens": 4}
+            })
         );
         assert_eq!(sent[5], "[DONE]");
         assert_eq!(sent.len(), 6);

@@ -240,7 +240,11 @@ impl Scheduler {
             if self.waiting.is_empty() {
                 break;
             }
+            if self.kv.num_available() <= reserve {
+                break;
+            }
             let mut seq = self.waiting.remove(0);
+            let mut lookup = None;
             if let Some(swapped) = seq.swapped.take() {
                 let need = self.blocks_for(seq.num_computed() + 1).max(swapped.len());
                 if self.kv.num_available() < need + reserve {
@@ -254,7 +258,7 @@ impl Scheduler {
                     break;
                 }
             } else if seq.num_computed() == 0 {
-                seq.reuse_prefix();
+                lookup = Some(seq.reuse_prefix());
             }
             let n = self.fit(&seq, seq.num_pending().min(*budget), reserve);
             if n == 0 {
@@ -266,6 +270,9 @@ impl Scheduler {
             }
             let grown = seq.blocks.grow_to(self.blocks_for(seq.num_computed() + n));
             debug_assert!(grown, "fit() checked the available blocks");
+            if let Some(hit) = lookup {
+                self.kv.count_prefix_lookup(seq.tokens().len(), hit);
+            }
             let decode = seq.is_decoding();
             let i = insert_sorted(&mut self.running, seq);
             self.plan_item(plan, i, n, decode);

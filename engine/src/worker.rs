@@ -188,6 +188,9 @@ impl Worker {
                     self.storage.run_copies(&copies, &mut self.host);
                 }
                 kv.copies_done();
+                // Published before the step's events, so that a client reading the figures after
+                // its answer sees what its admission did (prefix hits, swaps).
+                self.publish_stats();
                 for id in &plan.unservable {
                     let error = "the sequence does not fit in the KV cache";
                     self.finish(*id, FinishReason::Error, Some(error));
@@ -332,10 +335,7 @@ impl Worker {
             }
         };
         self.scheduler.commit(plan);
-        let sampled = plan.items.iter().filter(|i| i.sample);
-        for (item, mut row) in sampled.zip(logits) {
-            self.on_logits(item.id, &mut row);
-        }
+        // Counted before any event goes out, so whoever reads an answer sees its step counted.
         let decode = plan.items.iter().filter(|i| i.decode).count() as u64;
         let prefill = plan.num_prefill_tokens() as u64;
         let prefill_nanos = elapsed * prefill / (prefill + decode).max(1);
@@ -346,6 +346,10 @@ impl Worker {
         s.prefill_nanos.fetch_add(prefill_nanos, Ordering::Relaxed);
         s.decode_nanos
             .fetch_add(elapsed - prefill_nanos, Ordering::Relaxed);
+        let sampled = plan.items.iter().filter(|i| i.sample);
+        for (item, mut row) in sampled.zip(logits) {
+            self.on_logits(item.id, &mut row);
+        }
     }
 
     /// Samples a sequence's next token and tells the client.

@@ -205,6 +205,15 @@ impl KvManager {
         }
     }
 
+    /// Counts a prefix lookup of `query_tokens` prompt tokens that a sequence kept (lookups
+    /// given back because the sequence could not be admitted yet are not counted).
+    pub fn count_prefix_lookup(&self, query_tokens: usize, hit: PrefixHit) {
+        let c = &mut self.state.borrow_mut().counters;
+        c.prefix_query_tokens += query_tokens as u64;
+        c.device_hit_tokens += hit.device_tokens as u64;
+        c.host_hit_tokens += hit.host_tokens as u64;
+    }
+
     /// Pins the cached device blocks holding `keys`; returns how many were found and pinned.
     pub fn pin(&self, keys: &[BlockKey]) -> usize {
         let mut s = self.state.borrow_mut();
@@ -333,7 +342,6 @@ impl BlockTable {
         let bs = s.config.block_size;
         let usable = (tokens.len() - 1) / bs;
         extend_keys(s.config.salt, &tokens[..usable * bs], bs, &mut self.keys);
-        s.counters.prefix_query_tokens += tokens.len() as u64;
         for key in &self.keys[..usable] {
             if let Some(b) = s.device.acquire_cached(key) {
                 self.blocks.push(b);
@@ -358,8 +366,6 @@ impl BlockTable {
             hit.host_tokens += bs;
         }
         self.registered = self.blocks.len();
-        s.counters.device_hit_tokens += hit.device_tokens as u64;
-        s.counters.host_hit_tokens += hit.host_tokens as u64;
         hit
     }
 

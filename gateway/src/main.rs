@@ -2,7 +2,8 @@
 //!
 //! - `swarmgate serve` serves the OpenAI-compatible API on the engine, in one process.
 //! - `swarmgate generate` answers one prompt on the command line.
-//! - `swarmgate bench` drives the engine in process and reports throughput and latency.
+//! - `swarmgate bench` drives the engine in process and reports throughput and latency, or what
+//!   prefix caching saves on an agent workload.
 
 mod tools;
 
@@ -26,7 +27,7 @@ enum Command {
     Serve(gateway::ServeConfig),
     /// Answer one prompt and print the answer as it is generated.
     Generate(tools::generate::GenerateArgs),
-    /// Benchmark the engine in process at several concurrency levels.
+    /// Benchmark the engine in process: a concurrency sweep, or prefix caching on and off.
     Bench(tools::bench::BenchArgs),
 }
 

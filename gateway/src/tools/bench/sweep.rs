@@ -1,0 +1,170 @@
+//! The concurrency sweep: closed loop at several concurrency levels on one engine.
+//!
+//! At level `c`, `c` clients each submit a request, read its stream to the end, and submit the
+//! next, until the level's requests are done. Prompts cycle through a fixed, varied set of chat
+//! turns; every request decodes exactly `--max-tokens` tokens (EOS ignored) so levels compare.
+//!
+//! Reported per level: aggregate decode tokens/s (generated tokens over the level's wall time),
+//! prefill tokens/s (prompt tokens over the engine's forward time spent on them), time to first
+//! token p50/p95 and inter-token latency p50 (gaps between a request's consecutive tokens).
+
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use anyhow::Result;
+use engine::{ChatMessage, EngineHandle, EngineStats, GenerateRequest, Prompt, SamplingParams};
+use indicatif::ProgressBar;
+use serde::Serialize;
+
+use super::{
+    closed_loop, ms, percentile, progress_bar, stream_request, ttft_p50_p95, wait_until_idle,
+    BenchArgs, Outcome,
+};
+
+const DEFAULT_LEVELS: [usize; 4] = [1, 4, 16, 32];
+const DEFAULT_MAX_TOKENS: usize = 128;
+
+/// One level's figures; the JSON keys are part of the tool's interface.
+#[derive(Debug, Serialize)]
+struct LevelReport {
+    concurrency: usize,
+    requests: usize,
+    decode_tok_s: f64,
+    prefill_tok_s: f64,
+    ttft_p50_ms: f64,
+    ttft_p95_ms: f64,
+    itl_p50_ms: f64,
+    wall_s: f64,
+}
+
+const QUESTIONS: [&str; 16] = [
+    "What is the capital of France?",
+    "Write a haiku about autumn leaves.",
+    "Explain what a hash map is to a new programmer, with an example in Python.",
+    "Give me three tips for sleeping better.",
+    "Summarize the plot of Romeo and Juliet in a paragraph.",
+    "How do vaccines train the immune system?",
+    "Translate 'good morning, how are you?' into Spanish and French.",
+    "What are the main differences between TCP and UDP? Answer with a short list.",
+    "Write a short, friendly email declining a meeting invitation.",
+    "Why is the sky blue?",
+    "Suggest a name for a bakery that specialises in sourdough bread.",
+    "What is 17 times 23? Show your working.",
+    "Describe the water cycle for a ten-year-old.",
+    "List five healthy breakfast ideas and why each is good for you.",
+    "How does a binary search work, and what is its time complexity?",
+    "Write a limerick about a cat who learned to code.",
+];
+
+pub(super) fn run(args: &BenchArgs) -> Result<()> {
+    let levels = if args.concurrency.is_empty() {
+        &DEFAULT_LEVELS[..]
+    } else {
+        &args.concurrency[..]
+    };
+    let max_tokens = args.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    let engine = EngineHandle::start(&args.engine)?;
+    let prompts = QUESTIONS
+        .iter()
+        .map(|q| engine.render_chat(&[ChatMessage::new("user", *q)]))
+        .collect::<engine::Result<Vec<_>>>()?;
+    let requests = |c: usize| args.requests.unwrap_or((2 * c).max(8));
+    let total: usize = levels.iter().map(|&c| requests(c) * max_tokens).sum();
+    let bar = progress_bar(total, "tokens")?;
+    let mut reports = Vec::new();
+    for &c in levels {
+        bar.set_message(format!("concurrency {c:>3}"));
+        let report = run_level(&engine, &prompts, c, requests(c), max_tokens, &bar)?;
+        reports.push(report);
+    }
+    bar.finish_and_clear();
+    if args.json {
+        for r in &reports {
+            println!("{}", serde_json::to_string(r)?);
+        }
+    } else {
+        println!(
+            "{:>11} {:>8} {:>12} {:>13} {:>13} {:>13} {:>12}",
+            "concurrency",
+            "requests",
+            "decode tok/s",
+            "prefill tok/s",
+            "TTFT p50 ms",
+            "TTFT p95 ms",
+            "ITL p50 ms"
+        );
+        for r in &reports {
+            println!(
+                "{:>11} {:>8} {:>12.1} {:>13.1} {:>13.1} {:>13.1} {:>12.2}",
+                r.concurrency,
+                r.requests,
+                r.decode_tok_s,
+                r.prefill_tok_s,
+                r.ttft_p50_ms,
+                r.ttft_p95_ms,
+                r.itl_p50_ms
+            );
+        }
+    }
+    Ok(())
+}
+
+fn run_level(
+    engine: &EngineHandle,
+    prompts: &[String],
+    concurrency: usize,
+    requests: usize,
+    max_tokens: usize,
+    bar: &ProgressBar,
+) -> Result<LevelReport> {
+    let before = PrefillCounters::read(engine.stats());
+    let outcomes = Mutex::new(Vec::with_capacity(requests));
+    let started = Instant::now();
+    closed_loop(requests, concurrency, |i| {
+        let request = GenerateRequest {
+            sampling: SamplingParams::greedy(),
+            max_tokens,
+            ignore_eos: true,
+            ..GenerateRequest::new(Prompt::Text(prompts[i % prompts.len()].clone()))
+        };
+        let outcome = stream_request(engine, request, |n| bar.inc(n as u64))?;
+        outcomes.lock().expect("not poisoned").push(outcome);
+        Ok(())
+    })?;
+    let wall = started.elapsed().as_secs_f64();
+    wait_until_idle(engine);
+    let after = PrefillCounters::read(engine.stats());
+    let outcomes: Vec<Outcome> = outcomes.into_inner().expect("not poisoned");
+    let tokens: usize = outcomes.iter().map(|o| o.tokens).sum();
+    let (ttft_p50_ms, ttft_p95_ms) = ttft_p50_p95(&outcomes);
+    let mut gaps: Vec<f64> = outcomes
+        .iter()
+        .flat_map(|o| o.gaps.iter().map(|&g| ms(g)))
+        .collect();
+    let prefill_secs = (after.nanos - before.nanos) as f64 / 1e9;
+    Ok(LevelReport {
+        concurrency,
+        requests,
+        decode_tok_s: tokens as f64 / wall,
+        prefill_tok_s: (after.tokens - before.tokens) as f64 / prefill_secs.max(1e-9),
+        ttft_p50_ms,
+        ttft_p95_ms,
+        itl_p50_ms: percentile(&mut gaps, 50.0),
+        wall_s: wall,
+    })
+}
+
+struct PrefillCounters {
+    tokens: u64,
+    nanos: u64,
+}
+
+impl PrefillCounters {
+    fn read(stats: &EngineStats) -> Self {
+        Self {
+            tokens: stats.prefill_tokens.load(Ordering::Relaxed),
+            nanos: stats.prefill_nanos.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -272,6 +272,7 @@ impl Scheduler {
             debug_assert!(grown, "fit() checked the available blocks");
             if let Some(hit) = lookup {
                 self.kv.count_prefix_lookup(seq.tokens().len(), hit);
+                seq.admitted_with(hit);
             }
             let decode = seq.is_decoding();
             let i = insert_sorted(&mut self.running, seq);

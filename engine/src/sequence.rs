@@ -80,8 +80,13 @@ impl Sequence {
         debug_assert_eq!(self.num_computed, 0);
         let hit = self.blocks.attach_prefix(&self.tokens);
         self.num_computed = hit.tokens();
-        self.cached_tokens.get_or_insert(hit.tokens());
         hit
+    }
+
+    /// The sequence was admitted with `hit` from the prefix cache; the first admission is what
+    /// its usage reports.
+    pub(crate) fn admitted_with(&mut self, hit: PrefixHit) {
+        self.cached_tokens.get_or_insert(hit.tokens());
     }
 
     /// Tokens still to run through the model before the next one can be sampled: 1 while

@@ -95,8 +95,10 @@ impl Sequence {
         self.tokens.len() - self.num_computed
     }
 
+    /// Waiting only for its last sampled token to run: a decode step, not the end of a prompt
+    /// chunk.
     pub fn is_decoding(&self) -> bool {
-        self.num_pending() == 1 && self.num_computed > 0
+        self.num_pending() == 1 && self.num_generated() > 0
     }
 
     /// `n` more tokens are in the cache; the blocks they filled go to the prefix cache.

@@ -18,6 +18,7 @@
 //! - [`sampler`] and [`stop`] turn logits into tokens and tokens into streamed text.
 
 pub mod config;
+pub mod constraint;
 pub mod error;
 pub mod kv_cache;
 pub mod model;
@@ -43,7 +44,8 @@ pub use config::EngineConfig;
 pub use error::{EngineError, Result};
 pub use model::chat_template::{ChatMessage, ChatTemplate};
 pub use request::{
-    Event, FinishReason, GenerateRequest, Prompt, RequestId, SamplingParams, TokenLogprob, Usage,
+    Event, FinishReason, GenerateRequest, Prompt, RequestId, ResponseFormat, SamplingParams,
+    TokenLogprob, Usage,
 };
 pub use worker::{EngineStats, KvSnapshot};
 
@@ -136,6 +138,16 @@ impl EngineHandle {
             block_size: config.block_size,
             watermark_blocks: (num_blocks / 100).max(1),
         };
+        let token_bytes = Arc::new(
+            (0..tokenizer.get_vocab_size(true) as u32)
+                .map(|id| {
+                    let special = tokenizer.get_added_tokens_decoder().contains_key(&id);
+                    (!special)
+                        .then(|| model::tokenizer::token_bytes(&tokenizer, id))
+                        .flatten()
+                })
+                .collect(),
+        );
         let stats = Arc::new(EngineStats::default());
         let (tx, rx) = std::sync::mpsc::channel();
         let pool = rayon::ThreadPoolBuilder::new()
@@ -148,6 +160,7 @@ impl EngineHandle {
             .name("swarmgate-engine".into())
             .spawn(move || {
                 let setup = WorkerSetup {
+                    token_bytes,
                     model: llama,
                     storage,
                     host,

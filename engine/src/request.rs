@@ -112,6 +112,18 @@ pub struct GenerateRequest {
     pub priority: i32,
     /// Past this instant the request ends with an error and frees its memory.
     pub deadline: Option<Instant>,
+    /// What shape the output must take.
+    pub response_format: ResponseFormat,
+}
+
+/// A constraint on the generated text.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ResponseFormat {
+    #[default]
+    Text,
+    /// A single JSON object: only tokens that keep the text a prefix of one are sampled, and the
+    /// sequence ends only once the object is complete.
+    JsonObject,
 }
 
 impl GenerateRequest {
@@ -126,6 +138,7 @@ impl GenerateRequest {
             logprobs: None,
             priority: 0,
             deadline: None,
+            response_format: ResponseFormat::Text,
         }
     }
 }

@@ -9,6 +9,10 @@
 //! Log-probabilities are those of the model's distribution (log-softmax of the raw logits), as
 //! OpenAI reports them, not of the filtered distribution that was sampled.
 //!
+//! With a [`JsonObject`] constraint, a candidate the constraint refuses is masked out and the
+//! choice made again (same rule, the generator's next draw), so the cost stays a few checks per
+//! token; after [`MAX_REJECTIONS`] refusals every refused token is masked at once.
+//!
 //! Cost: O(vocab) per token. The nucleus (top_p) is found by partial selection of growing
 //! candidate sets rather than a full sort of the vocabulary.
 
@@ -17,6 +21,7 @@ use std::collections::{HashMap, HashSet};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::constraint::{JsonObject, MAX_REJECTIONS};
 use crate::request::{SamplingParams, TokenLogprob};
 
 /// The token chosen, and its log-probabilities when they were asked for.
@@ -34,6 +39,7 @@ pub struct Sampler {
     prompt_tokens: HashSet<u32>,
     /// How often each token was generated, for all three penalties.
     output_counts: HashMap<u32, u32>,
+    constraint: Option<JsonObject>,
 }
 
 impl Sampler {
@@ -50,17 +56,28 @@ impl Sampler {
             top_logprobs,
             prompt_tokens,
             output_counts: HashMap::new(),
+            constraint: None,
         }
+    }
+
+    /// Samples only what `constraint` allows.
+    pub fn with_constraint(mut self, constraint: JsonObject) -> Self {
+        self.constraint = Some(constraint);
+        self
     }
 
     /// Picks the next token from `logits` (overwritten as scratch) and records it as generated.
     pub fn sample(&mut self, logits: &mut [f32]) -> Sampled {
         let logprob_of = self.top_logprobs.map(|n| (log_softmax(logits), n));
         self.apply_penalties(logits);
-        let token = if self.params.temperature == 0.0 {
-            argmax(logits)
-        } else {
-            self.draw(logits)
+        let token = match self.constraint.take() {
+            None => self.choose(logits),
+            Some(mut constraint) => {
+                let token = self.choose_allowed(logits, &constraint);
+                constraint.accept(token);
+                self.constraint = Some(constraint);
+                token
+            }
         };
         *self.output_counts.entry(token).or_insert(0) += 1;
         let logprob = logprob_of.map(|(lp, n)| TokenLogprob {
@@ -89,6 +106,35 @@ impl Sampler {
                 logits[t as usize] -= p.presence_penalty + p.frequency_penalty * count as f32;
             }
         }
+    }
+
+    fn choose(&mut self, logits: &mut [f32]) -> u32 {
+        if self.params.temperature == 0.0 {
+            argmax(logits)
+        } else {
+            self.draw(logits)
+        }
+    }
+
+    /// Chooses as [`Sampler::choose`] would among the tokens `constraint` allows: refused
+    /// candidates are masked one by one, then, after too many, every refused token at once.
+    fn choose_allowed(&mut self, logits: &mut [f32], constraint: &JsonObject) -> u32 {
+        let mut masked = logits.to_vec();
+        for _ in 0..MAX_REJECTIONS {
+            logits.copy_from_slice(&masked);
+            let token = self.choose(logits);
+            if constraint.allows(token) {
+                return token;
+            }
+            masked[token as usize] = f32::NEG_INFINITY;
+        }
+        for (t, l) in masked.iter_mut().enumerate() {
+            if !constraint.allows(t as u32) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        logits.copy_from_slice(&masked);
+        self.choose(logits)
     }
 
     /// Temperature, filters, one draw.

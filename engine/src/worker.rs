@@ -18,9 +18,10 @@ use std::time::Instant;
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::constraint::{JsonObject, TokenBytes};
 use crate::kv_cache::{BlockKey, HostStore, KvConfig, KvCounters, KvGauges, KvManager, KvStorage};
 use crate::model::{ForwardBatch, Llama};
-use crate::request::{Event, FinishReason, GenerateRequest, RequestId, Usage};
+use crate::request::{Event, FinishReason, GenerateRequest, RequestId, ResponseFormat, Usage};
 use crate::sampler::Sampler;
 use crate::scheduler::{Scheduler, SchedulerConfig, StepPlan};
 use crate::sequence::Sequence;
@@ -133,6 +134,8 @@ pub(crate) struct WorkerSetup {
     pub scheduler: SchedulerConfig,
     pub tokenizer: Arc<Tokenizer>,
     pub eos: Vec<u32>,
+    /// Each token's bytes, for constrained decoding.
+    pub token_bytes: TokenBytes,
 }
 
 pub(crate) struct Worker {
@@ -144,6 +147,7 @@ pub(crate) struct Worker {
     outputs: HashMap<RequestId, Output>,
     tokenizer: Arc<Tokenizer>,
     eos: Vec<u32>,
+    token_bytes: TokenBytes,
     commands: Receiver<Command>,
     next_arrival: u64,
     stats: Arc<EngineStats>,
@@ -159,6 +163,7 @@ impl Worker {
             scheduler,
             tokenizer,
             eos,
+            token_bytes,
         } = setup;
         Self {
             model,
@@ -169,6 +174,7 @@ impl Worker {
             outputs: HashMap::new(),
             tokenizer,
             eos,
+            token_bytes,
             commands,
             next_arrival: 0,
             stats,
@@ -269,11 +275,16 @@ impl Worker {
         if !request.ignore_eos {
             stop_tokens.extend(&self.eos);
         }
+        let mut sampler = Sampler::new(request.sampling, request.logprobs, &prompt);
+        if request.response_format == ResponseFormat::JsonObject {
+            sampler = sampler
+                .with_constraint(JsonObject::new(self.token_bytes.clone(), self.eos.clone()));
+        }
         self.outputs.insert(
             id,
             Output {
                 events,
-                sampler: Sampler::new(request.sampling, request.logprobs, &prompt),
+                sampler,
                 text: TextStream::new(self.tokenizer.clone(), request.stop),
                 max_tokens: request.max_tokens,
                 stop_tokens,

@@ -323,3 +323,39 @@ fn logprobs_come_with_each_token() {
     }
     assert!(seen > 0);
 }
+
+#[test]
+fn json_mode_produces_a_json_object() {
+    let _serial = serial();
+    let engine = EngineHandle::start(&config(64)).unwrap();
+    let prompt = engine
+        .render_chat(&[ChatMessage::new(
+            "user",
+            "Describe a cat as JSON with the keys name, age and colour.",
+        )])
+        .unwrap();
+    for sampling in [
+        SamplingParams::greedy(),
+        SamplingParams {
+            temperature: 1.0,
+            seed: Some(3),
+            ..SamplingParams::default()
+        },
+    ] {
+        let out = collect(
+            engine
+                .submit(GenerateRequest {
+                    sampling,
+                    max_tokens: 300,
+                    response_format: engine::ResponseFormat::JsonObject,
+                    ..GenerateRequest::new(Prompt::Text(prompt.clone()))
+                })
+                .unwrap(),
+        );
+        assert_eq!(out.reason, FinishReason::Stop, "{:?}", out.text);
+        let value: serde_json::Value = serde_json::from_str(&out.text)
+            .unwrap_or_else(|e| panic!("{:?} is not JSON: {e}", out.text));
+        assert!(value.is_object(), "{value}");
+    }
+    assert_pool_whole(&engine);
+}

@@ -44,6 +44,15 @@ pub struct ChatCompletionRequest {
     /// vLLM's extension: keep generating past the model's end-of-turn token (benchmarks use it
     /// to get answers of a fixed length).
     pub ignore_eos: Option<bool>,
+    pub response_format: Option<ResponseFormat>,
+}
+
+/// `response_format`: `{"type": "text"}` or `{"type": "json_object"}`. The type is kept as a
+/// string so that an unsupported one (`json_schema`) is refused by validation, naming the field.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
 }
 
 /// One message of the conversation.

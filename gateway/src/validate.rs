@@ -17,7 +17,7 @@
 //! `stream_options` only when streaming; max tokens at least 1, and prompt plus max tokens
 //! within the context (default: all the room left).
 
-use engine::{ChatMessage, GenerateRequest, ModelInfo, Prompt, SamplingParams};
+use engine::{ChatMessage, GenerateRequest, ModelInfo, Prompt, ResponseFormat, SamplingParams};
 
 use crate::api::{self, ChatCompletionRequest, MessageContent, Stop};
 use crate::error::ApiError;
@@ -84,6 +84,7 @@ pub fn validate_chat(
 
     let sampling = sampling(&request)?;
     let logprobs = logprobs(&request)?;
+    let format = response_format(&request)?;
     let stop = stop(request.stop)?;
     let messages = messages(request.messages)?;
 
@@ -143,6 +144,7 @@ pub fn validate_chat(
     generate.stop = stop;
     generate.logprobs = logprobs;
     generate.ignore_eos = request.ignore_eos.unwrap_or(false);
+    generate.response_format = format;
     Ok(ValidChatRequest {
         model: model.id.clone(),
         prompt,
@@ -152,6 +154,46 @@ pub fn validate_chat(
         include_usage,
         logprobs,
     })
+}
+
+/// `json_object` asks the engine for JSON-constrained decoding. As OpenAI does, it requires the
+/// conversation to ask for JSON: a model told nothing about it may fill the whole answer with
+/// whitespace before closing the object.
+fn response_format(request: &ChatCompletionRequest) -> Result<ResponseFormat, ApiError> {
+    let Some(format) = &request.response_format else {
+        return Ok(ResponseFormat::Text);
+    };
+    match format.kind.as_str() {
+        "text" => Ok(ResponseFormat::Text),
+        "json_object" => {
+            let mentions_json = request.messages.iter().any(|m| {
+                let text = match &m.content {
+                    Some(MessageContent::Text(t)) => t.clone(),
+                    Some(MessageContent::Parts(parts)) => parts
+                        .iter()
+                        .filter_map(|p| p.text.clone())
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    None => String::new(),
+                };
+                text.to_ascii_lowercase().contains("json")
+            });
+            if !mentions_json {
+                return Err(ApiError::invalid(
+                    "messages",
+                    "'messages' must contain the word 'json' in some form, to use \
+                     'response_format' of type 'json_object'.",
+                ));
+            }
+            Ok(ResponseFormat::JsonObject)
+        }
+        other => Err(ApiError::invalid(
+            "response_format.type",
+            format!(
+                "response_format type {other:?} is not supported; use \"text\" or \"json_object\""
+            ),
+        )),
+    }
 }
 
 fn sampling(request: &ChatCompletionRequest) -> Result<SamplingParams, ApiError> {
@@ -388,6 +430,22 @@ mod tests {
             Err(e) => panic!("{extra}: expected a 400, got {e:?}"),
             Ok(_) => panic!("{extra}: expected a 400, got a valid request"),
         }
+    }
+
+    #[test]
+    fn json_mode_needs_json_in_the_messages() {
+        let json_mode = json!({"response_format": {"type": "json_object"}});
+        assert_eq!(rejected_param(json_mode.clone()), "messages");
+        let mut asks = request(json_mode);
+        asks["messages"][0]["content"] = json!("Answer in JSON.");
+        let valid = validate(asks).unwrap();
+        assert_eq!(valid.generate.response_format, ResponseFormat::JsonObject);
+        assert_eq!(
+            rejected_param(json!({"response_format": {"type": "json_schema"}})),
+            "response_format.type"
+        );
+        let text = validate(request(json!({"response_format": {"type": "text"}}))).unwrap();
+        assert_eq!(text.generate.response_format, ResponseFormat::Text);
     }
 
     #[test]

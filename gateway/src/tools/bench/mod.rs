@@ -6,10 +6,13 @@
 //!   throughput and latency.
 //! - [`shared_prefix`]: an agent workload, many requests behind a few long system prompts plus
 //!   multi-turn conversations, run with prefix caching on and then off, for what the cache saves.
+//! - [`overhead`]: a one-token chat through the engine's API and through HTTP, for what the
+//!   gateway adds.
 //!
 //! Everything runs on plain threads: the engine's event streams have a blocking reader, and a
 //! benchmark gains nothing from an async runtime.
 
+mod overhead;
 mod shared_prefix;
 mod sweep;
 
@@ -25,7 +28,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 pub struct BenchArgs {
     /// What to run: `sweep` measures throughput and latency at each concurrency level;
     /// `shared-prefix` runs an agent workload with prefix caching on, then off (whatever
-    /// --prefix-cache says), and compares.
+    /// --prefix-cache says), and compares; `gateway-overhead` times a one-token chat through the
+    /// engine's API and through HTTP (--requests pairs, default 100).
     #[arg(long, value_enum, default_value_t = Scenario::Sweep)]
     scenario: Scenario,
     /// Concurrency levels, comma-separated (sweep default: 1,4,16,32; shared-prefix: one
@@ -57,6 +61,7 @@ pub struct BenchArgs {
 enum Scenario {
     Sweep,
     SharedPrefix,
+    GatewayOverhead,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -66,6 +71,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     match args.scenario {
         Scenario::Sweep => sweep::run(&args),
         Scenario::SharedPrefix => shared_prefix::run(&args),
+        Scenario::GatewayOverhead => overhead::run(&args),
     }
 }
 

@@ -16,9 +16,14 @@
 //! - [`model`] loads the GGUF and runs llama's forward over a ragged batch; its kernels are
 //!   batch-invariant, so a request's tokens do not depend on what shares its batch.
 //! - [`sampler`] and [`stop`] turn logits into tokens and tokens into streamed text.
+//!
+//! Apart from generation, [`embed::Embedder`] computes sentence embeddings with a BERT model
+//! ([`model::bert`]) on threads of its own; it blocks its caller and shares nothing with the
+//! engine loop.
 
 pub mod config;
 pub mod constraint;
+pub mod embed;
 pub mod error;
 pub mod kv_cache;
 pub mod model;
@@ -41,6 +46,7 @@ use tokenizers::Tokenizer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 pub use config::EngineConfig;
+pub use embed::{Embedder, EmbedderConfig, Embedding};
 pub use error::{EngineError, Result};
 pub use model::chat_template::{ChatMessage, ChatTemplate};
 pub use request::{

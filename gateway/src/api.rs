@@ -8,6 +8,10 @@
 //!
 //! No logic lives here: whether a value is acceptable is `validate`'s business, how an engine
 //! event becomes a chunk is `http::chat`'s.
+//!
+//! [`embeddings`] holds the types of `POST /v1/embeddings`.
+
+pub mod embeddings;
 
 use serde::{Deserialize, Serialize};
 

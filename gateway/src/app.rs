@@ -17,11 +17,14 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::TraceLayer;
 
 use crate::http;
+use crate::http::embeddings::Embeddings;
 
-/// What every handler shares. Cloning is one reference-count increment.
+/// What every handler shares. Cloning is a few reference-count increments.
 #[derive(Clone)]
 pub struct AppState {
     inner: Arc<Inner>,
+    /// Absent when the server runs without an embedding model.
+    embeddings: Option<Embeddings>,
 }
 
 struct Inner {
@@ -40,7 +43,23 @@ impl AppState {
                 model_id,
                 max_body_bytes,
             }),
+            embeddings: None,
         }
+    }
+
+    /// The same state, also serving `embeddings` at `/v1/embeddings`.
+    pub fn with_embeddings(mut self, embeddings: Embeddings) -> Self {
+        self.embeddings = Some(embeddings);
+        self
+    }
+
+    pub fn embeddings(&self) -> Option<&Embeddings> {
+        self.embeddings.as_ref()
+    }
+
+    /// The id clients name the embedding model by, when one is served.
+    pub fn embedding_model_id(&self) -> Option<&str> {
+        self.embeddings.as_ref().map(Embeddings::model_id)
     }
 
     pub fn engine(&self) -> &EngineHandle {
@@ -79,6 +98,7 @@ pub fn app(state: AppState) -> Router {
         );
     Router::new()
         .route("/v1/chat/completions", post(http::chat::create))
+        .route("/v1/embeddings", post(http::embeddings::create))
         .route("/health", get(http::health::health))
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)

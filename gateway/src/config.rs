@@ -4,7 +4,7 @@
 //! Every flag also reads a `SWARMGATE_*` environment variable; clap resolves CLI > env >
 //! default once, at start-up. Nothing in the gateway reads the environment after that.
 
-use engine::EngineConfig;
+use engine::{EmbedderConfig, EngineConfig};
 
 /// Settings for `swarmgate serve`.
 #[derive(Clone, Debug, clap::Args)]
@@ -24,6 +24,8 @@ pub struct ServeConfig {
     pub shutdown_grace_secs: u64,
     #[command(flatten)]
     pub engine: EngineConfig,
+    #[command(flatten)]
+    pub embedding: EmbedderConfig,
 }
 
 /// 4 MiB: far above any prompt this engine's context can take, small enough that a client
@@ -38,6 +40,7 @@ impl Default for ServeConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             shutdown_grace_secs: 30,
             engine: EngineConfig::default(),
+            embedding: EmbedderConfig::default(),
         }
     }
 }
@@ -96,6 +99,32 @@ mod tests {
         assert_eq!(cli.port, 9000);
         assert_eq!(cli.max_body_bytes, 1024);
         assert_eq!(cli.engine.kv_cache_mb, 64);
+    }
+
+    #[test]
+    fn embedding_flags_have_names_of_their_own() {
+        let default = Cli::try_parse_from(["swarmgate"]).unwrap().serve;
+        assert_eq!(
+            default.embedding.model,
+            std::path::Path::new(engine::embed::DEFAULT_EMBEDDING_MODEL)
+        );
+        let cli = Cli::try_parse_from([
+            "swarmgate",
+            "--model",
+            "a.gguf",
+            "--threads",
+            "3",
+            "--embedding-model",
+            "models/other",
+            "--embedding-threads",
+            "1",
+        ])
+        .unwrap()
+        .serve;
+        assert_eq!(cli.engine.model, std::path::Path::new("a.gguf"));
+        assert_eq!(cli.engine.threads, Some(3));
+        assert_eq!(cli.embedding.model, std::path::Path::new("models/other"));
+        assert_eq!(cli.embedding.threads, Some(1));
     }
 
     #[test]

@@ -16,6 +16,9 @@
 //! The engine runs on its own thread; handlers only talk to it through
 //! [`engine::EngineHandle::submit`] and the stream it returns. Dropping that stream cancels the
 //! request, so a client that goes away frees its KV blocks without any bookkeeping here.
+//!
+//! Embeddings never touch the engine: [`http::embeddings`] runs the BERT model on tokio's
+//! blocking threads, one request at a time, on a few compute threads of its own.
 
 pub mod api;
 pub mod app;
@@ -44,10 +47,17 @@ pub async fn serve(
     engine: engine::EngineHandle,
 ) -> anyhow::Result<()> {
     config.validate().map_err(anyhow::Error::msg)?;
+    // Loaded before listening, like the engine: a server that listens is one that answers.
+    let embeddings = http::embeddings::Embeddings::start(&config.embedding)
+        .await
+        .context("cannot load the embedding model")?;
     let listener = TcpListener::bind((config.host.as_str(), config.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
-    let state = AppState::new(engine, config.max_body_bytes);
+    let mut state = AppState::new(engine, config.max_body_bytes);
+    if let Some(embeddings) = embeddings {
+        state = state.with_embeddings(embeddings);
+    }
     let (signalled, on_signal) = tokio::sync::oneshot::channel();
     let shutdown = async move {
         shutdown_signal().await;

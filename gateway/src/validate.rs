@@ -16,6 +16,10 @@
 //! top_logprobs in 0..=20 and only with `logprobs: true`; at most 4 non-empty stop strings;
 //! `stream_options` only when streaming; max tokens at least 1, and prompt plus max tokens
 //! within the context (default: all the room left).
+//!
+//! [`embeddings`] validates `POST /v1/embeddings` by the same invariants.
+
+pub mod embeddings;
 
 use engine::{ChatMessage, GenerateRequest, ModelInfo, Prompt, ResponseFormat, SamplingParams};
 

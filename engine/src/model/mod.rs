@@ -1,8 +1,10 @@
 //! Everything read from a model file: the llama forward over a ragged batch and its kernels, and
 //! the text side (tokenizer, chat template) built from GGUF metadata alone, so that no
-//! `tokenizer.json` has to sit beside it.
+//! `tokenizer.json` has to sit beside it. Apart from those, [`bert`] is the sentence-embedding
+//! model, read from a sentence-transformers directory.
 
 pub mod attention;
+pub mod bert;
 pub mod chat_template;
 pub mod gguf;
 pub mod linear;
@@ -10,6 +12,7 @@ pub mod llama;
 pub mod tokenizer;
 
 pub use attention::SeqSlice;
+pub use bert::SentenceBert;
 pub use gguf::Gguf;
 pub use llama::{Llama, LlamaConfig};
 

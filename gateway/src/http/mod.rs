@@ -4,6 +4,7 @@
 //! [`ApiError`] for every failure and never build an error response themselves.
 
 pub mod chat;
+pub mod embeddings;
 pub mod health;
 pub mod json;
 

@@ -1,9 +1,10 @@
-//! The engine's settings: one struct that is both command-line flags and (later) a TOML section.
+//! The engine's settings: one struct that is both command-line flags and the `[engine]` section
+//! of the configuration file.
 
 use std::path::PathBuf;
 
 /// Engine settings. Every flag also reads a `SWARMGATE_*` environment variable.
-#[derive(Clone, Debug, clap::Args, serde::Deserialize)]
+#[derive(Clone, Debug, clap::Args, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EngineConfig {
     /// The GGUF model to serve.

@@ -23,7 +23,7 @@ pub const MAX_BATCH: usize = 32;
 pub const DEFAULT_EMBEDDING_MODEL: &str = "models/all-MiniLM-L6-v2";
 
 /// Embedding settings. Every flag also reads a `SWARMGATE_*` environment variable.
-#[derive(Clone, Debug, clap::Args, serde::Deserialize)]
+#[derive(Clone, Debug, clap::Args, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EmbedderConfig {
     /// Directory of the sentence-transformers model served at `/v1/embeddings`; its name is the

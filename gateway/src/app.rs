@@ -2,13 +2,17 @@
 //!
 //! Layers, outermost first: `x-request-id` (kept when the client sent one, else a fresh UUID)
 //! set on the request and copied onto the response, error responses included; a tracing span
-//! per request carrying that id; the body limit, which [`crate::http::json::ApiJson`] turns into
-//! a 413 envelope. Unknown paths and wrong methods answer with the envelope too, so a client
-//! never sees a bare status or a plain-text body from this server.
+//! per request carrying that id; [`metrics::track`], which counts every answer, refusals
+//! included; [`auth::authenticate`] (401 without a valid key, when keys are configured);
+//! [`limits::admit`] (rate limits and the admission queue, for work requests); the body limit,
+//! which [`crate::http::json::ApiJson`] turns into a 413 envelope. Unknown paths and wrong
+//! methods answer with the envelope too, so a client never sees a bare status or a plain-text
+//! body from this server.
 
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request};
+use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use axum::Router;
 use engine::EngineHandle;
@@ -16,8 +20,12 @@ use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
+use crate::auth::{self, Auth};
+use crate::config::ServeConfig;
 use crate::http;
 use crate::http::embeddings::Embeddings;
+use crate::limits::{self, Limits};
+use crate::metrics::{self, Metrics};
 
 /// What every handler shares. Cloning is a few reference-count increments.
 #[derive(Clone)]
@@ -31,17 +39,34 @@ struct Inner {
     engine: EngineHandle,
     model_id: String,
     max_body_bytes: usize,
+    auth: Auth,
+    limits: Limits,
+    metrics: Metrics,
 }
 
 impl AppState {
-    /// State for serving `engine`'s model, refusing request bodies over `max_body_bytes`.
+    /// State for serving `engine`'s model with the default settings, refusing request bodies
+    /// over `max_body_bytes`.
     pub fn new(engine: EngineHandle, max_body_bytes: usize) -> Self {
+        let config = ServeConfig {
+            max_body_bytes,
+            ..ServeConfig::default()
+        };
+        Self::configured(engine, &config)
+    }
+
+    /// State for serving `engine`'s model under `config`, which must have passed
+    /// [`ServeConfig::validate`].
+    pub fn configured(engine: EngineHandle, config: &ServeConfig) -> Self {
         let model_id = engine.model().id.clone();
         Self {
             inner: Arc::new(Inner {
                 engine,
                 model_id,
-                max_body_bytes,
+                max_body_bytes: config.max_body_bytes,
+                auth: Auth::new(&config.api_keys, config.metrics_public),
+                limits: Limits::new(config),
+                metrics: Metrics::new(),
             }),
             embeddings: None,
         }
@@ -74,6 +99,18 @@ impl AppState {
     pub fn max_body_bytes(&self) -> usize {
         self.inner.max_body_bytes
     }
+
+    pub fn auth(&self) -> &Auth {
+        &self.inner.auth
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
 }
 
 /// The whole HTTP API.
@@ -100,9 +137,13 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/chat/completions", post(http::chat::create))
         .route("/v1/embeddings", post(http::embeddings::create))
         .route("/health", get(http::health::health))
+        .route("/metrics", get(metrics::scrape))
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes()))
+        .layer(from_fn_with_state(state.clone(), limits::admit))
+        .layer(from_fn_with_state(state.clone(), auth::authenticate))
+        .layer(from_fn_with_state(state.clone(), metrics::track))
         .layer(layers)
         .with_state(state)
 }

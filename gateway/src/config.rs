@@ -1,14 +1,37 @@
-//! The server's settings: where to listen, how much a client may send, and the engine's own
-//! settings flattened in, so one struct is the whole command line.
+//! The server's settings: where to listen, how much a client may send, who may call and how
+//! often, and the engine's own settings flattened in, so one struct is the whole command line.
 //!
-//! Every flag also reads a `SWARMGATE_*` environment variable; clap resolves CLI > env >
-//! default once, at start-up. Nothing in the gateway reads the environment after that.
+//! Every flag also reads a `SWARMGATE_*` environment variable, and every setting can come from
+//! a TOML file (`--config PATH`, `SWARMGATE_CONFIG`, else `swarmgate.toml` when the working
+//! directory has one) with a `[server]` and an `[engine]` section, keys named like the struct
+//! fields (`max_body_bytes`, `kv_cache_mb`). [`ServeConfig::load`] resolves it all once, at
+//! start-up, in this order: flag, then environment, then file, then default; it rejects unknown
+//! keys by name and validates the result. Nothing in the gateway reads the environment after
+//! that.
 
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, FromArgMatches};
 use engine::{EmbedderConfig, EngineConfig};
+use serde_json::{Map, Value};
+
+use crate::auth::ApiKey;
+use crate::deadline::Timeouts;
+
+/// The file read when neither `--config` nor `SWARMGATE_CONFIG` names one, if it exists.
+pub const DEFAULT_CONFIG_FILE: &str = "swarmgate.toml";
 
 /// Settings for `swarmgate serve`.
-#[derive(Clone, Debug, clap::Args)]
+#[derive(Clone, Debug, clap::Args, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ServeConfig {
+    /// TOML file with `[server]` and `[engine]` sections; flags and environment variables
+    /// override it [default: swarmgate.toml, if present].
+    #[arg(long, env = "SWARMGATE_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
     /// Address to listen on (a name such as `localhost`, or an IP; `0.0.0.0` for every
     /// interface).
     #[arg(long, env = "SWARMGATE_HOST", default_value = "127.0.0.1")]
@@ -22,6 +45,43 @@ pub struct ServeConfig {
     /// On SIGTERM, how long requests in flight may take to finish before they are cut off.
     #[arg(long, env = "SWARMGATE_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
     pub shutdown_grace_secs: u64,
+    /// An API key clients must send as `Authorization: Bearer KEY`; repeat the flag for more
+    /// (the environment variable takes a comma-separated list). Without keys the API is open.
+    #[arg(
+        long = "api-key",
+        env = "SWARMGATE_API_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub api_keys: Vec<ApiKey>,
+    /// Serve `/metrics` without a key even when keys are configured.
+    #[arg(long, env = "SWARMGATE_METRICS_PUBLIC", default_value_t = true, action = clap::ArgAction::Set)]
+    pub metrics_public: bool,
+    /// Requests per minute per key (all traffic together when there are no keys); 0: no limit.
+    #[arg(long, env = "SWARMGATE_RPM", default_value_t = 0)]
+    pub rpm: u64,
+    /// Tokens per minute per key (prompt plus max_tokens, counted at admission; what is not
+    /// generated is given back); 0: no limit.
+    #[arg(long, env = "SWARMGATE_TPM", default_value_t = 0)]
+    pub tpm: u64,
+    /// Requests admitted at once (generating or streaming); the rest wait in line.
+    #[arg(long, env = "SWARMGATE_MAX_CONCURRENT_REQUESTS", default_value_t = 256)]
+    pub max_concurrent_requests: usize,
+    /// Requests that may wait for admission; beyond them requests get 503 at once.
+    #[arg(long, env = "SWARMGATE_MAX_QUEUED_REQUESTS", default_value_t = 1024)]
+    pub max_queued_requests: usize,
+    /// Seconds from arrival to the first generated token (waiting for admission included);
+    /// later, the request ends with 504.
+    #[arg(
+        long,
+        env = "SWARMGATE_FIRST_TOKEN_TIMEOUT_SECS",
+        default_value_t = 60.0
+    )]
+    pub first_token_timeout_secs: f64,
+    /// Seconds from arrival to the end of the answer; later, the request ends with 504 (or,
+    /// once streaming, with an error chunk).
+    #[arg(long, env = "SWARMGATE_REQUEST_TIMEOUT_SECS", default_value_t = 600.0)]
+    pub request_timeout_secs: f64,
     #[command(flatten)]
     pub engine: EngineConfig,
     #[command(flatten)]
@@ -35,17 +95,123 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 impl Default for ServeConfig {
     fn default() -> Self {
         Self {
+            config: None,
             host: "127.0.0.1".into(),
             port: 8080,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             shutdown_grace_secs: 30,
+            api_keys: Vec::new(),
+            metrics_public: true,
+            rpm: 0,
+            tpm: 0,
+            max_concurrent_requests: 256,
+            max_queued_requests: 1024,
+            first_token_timeout_secs: 60.0,
+            request_timeout_secs: 600.0,
             engine: EngineConfig::default(),
             embedding: EmbedderConfig::default(),
         }
     }
 }
 
+/// The file's shape: these sections, nothing else.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    server: Map<String, Value>,
+    #[serde(default)]
+    engine: Map<String, Value>,
+    #[serde(default)]
+    embedding: Map<String, Value>,
+}
+
+/// The nested sections: their field in [`ServeConfig`] (and name in the file), and the prefix
+/// of their flags' clap ids.
+const SECTIONS: [(&str, &str); 2] = [("engine", ""), ("embedding", "embedding_")];
+
 impl ServeConfig {
+    /// The settings `matches` (the `serve` command line, environment included) and the
+    /// configuration file give, validated.
+    pub fn load(matches: &ArgMatches) -> Result<Self, String> {
+        let parsed = Self::from_arg_matches(matches).map_err(|e| e.to_string())?;
+        let file = match &parsed.config {
+            Some(path) => Some(path.clone()),
+            None => Some(PathBuf::from(DEFAULT_CONFIG_FILE)).filter(|p| p.is_file()),
+        };
+        let config = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                let mut config = parsed
+                    .under_file(&text, matches)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                config.config = Some(path);
+                config
+            }
+            None => parsed,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// These settings, parsed from `matches`, with `file`'s values in place of those that came
+    /// from neither a flag nor the environment.
+    fn under_file(&self, file: &str, matches: &ArgMatches) -> Result<Self, String> {
+        let file: FileConfig = toml::from_str(file).map_err(|e| e.to_string())?;
+        let Value::Object(mut merged) = serde_json::to_value(self).map_err(|e| e.to_string())?
+        else {
+            unreachable!("a struct serializes to an object");
+        };
+        // Only known keys are looked up in `matches` (clap panics on others); unknown ones are
+        // left for the typed pass below to reject by name.
+        let given = |known: &Map<String, Value>, key: &str, id: &str| {
+            known.contains_key(key)
+                && matches!(
+                    matches.value_source(id),
+                    Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+                )
+        };
+        for (key, value) in file.server {
+            if SECTIONS.iter().any(|(name, _)| *name == key) {
+                return Err(format!(
+                    "[server]: unknown key `{key}` (those settings go in [{key}])"
+                ));
+            }
+            if !given(&merged, &key, &key) {
+                merged.insert(key, value);
+            }
+        }
+        for ((name, prefix), entries) in SECTIONS.into_iter().zip([file.engine, file.embedding]) {
+            let Some(Value::Object(section)) = merged.get_mut(name) else {
+                unreachable!("a nested section serializes to an object");
+            };
+            for (key, value) in entries {
+                if !given(section, &key, &format!("{prefix}{key}")) {
+                    section.insert(key, value);
+                }
+            }
+        }
+        serde_path_to_error::deserialize(Value::Object(merged)).map_err(|e| {
+            // The path is `port`, `engine.kv_cache_mb`, or `.`/`engine` for an unknown key,
+            // which the message itself names.
+            let path = e.path().to_string();
+            let (section, key) = SECTIONS
+                .iter()
+                .find_map(|(name, _)| {
+                    path.strip_prefix(name)
+                        .map(|rest| (format!("[{name}]"), rest.trim_start_matches('.')))
+                })
+                .unwrap_or(("[server]".into(), path.trim_start_matches('.')));
+            let at = if key.is_empty() {
+                String::new()
+            } else {
+                format!(" {key}")
+            };
+            format!("{section}{at}: {}", e.into_inner())
+        })
+    }
+
     /// Rejects settings the server cannot run with; the engine checks its own at start.
     pub fn validate(&self) -> Result<(), String> {
         if self.host.is_empty() {
@@ -54,19 +220,76 @@ impl ServeConfig {
         if self.max_body_bytes == 0 {
             return Err("--max-body-bytes must be positive".into());
         }
+        if self.max_concurrent_requests == 0 {
+            return Err("--max-concurrent-requests must be at least 1".into());
+        }
+        for (flag, secs) in [
+            ("--first-token-timeout-secs", self.first_token_timeout_secs),
+            ("--request-timeout-secs", self.request_timeout_secs),
+        ] {
+            // Refuses NaN, infinities, negatives and values too large for a Duration alike.
+            let usable = Duration::try_from_secs_f64(secs).is_ok_and(|d| !d.is_zero());
+            if !usable {
+                return Err(format!(
+                    "{flag} must be a positive number of seconds, not {secs}"
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The per-request timeouts; the config must be valid.
+    pub fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            first_token: Duration::from_secs_f64(self.first_token_timeout_secs),
+            total: Duration::from_secs_f64(self.request_timeout_secs),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
+    use clap::{CommandFactory, Parser};
 
     #[derive(Parser)]
     struct Cli {
         #[command(flatten)]
         serve: ServeConfig,
+    }
+
+    /// Parses `args` and loads the file they name, as `swarmgate serve` does.
+    fn load(args: &[&str]) -> Result<ServeConfig, String> {
+        let matches = Cli::command()
+            .try_get_matches_from(std::iter::once("swarmgate").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        ServeConfig::load(&matches)
+    }
+
+    /// A config file with `text`, removed when the guard drops.
+    struct TempFile(PathBuf);
+
+    impl TempFile {
+        fn new(text: &str) -> Self {
+            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let path = std::env::temp_dir().join(format!(
+                "swarmgate-config-test-{}-{n}.toml",
+                std::process::id()
+            ));
+            std::fs::write(&path, text).unwrap();
+            Self(path)
+        }
+
+        fn arg(&self) -> &str {
+            self.0.to_str().unwrap()
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
     }
 
     #[test]
@@ -77,6 +300,9 @@ mod tests {
         assert_eq!(cli.port, default.port);
         assert_eq!(cli.max_body_bytes, 4 * 1024 * 1024);
         assert_eq!(cli.engine.kv_cache_mb, default.engine.kv_cache_mb);
+        assert_eq!(cli.max_concurrent_requests, default.max_concurrent_requests);
+        assert_eq!(cli.request_timeout_secs, default.request_timeout_secs);
+        assert!(cli.metrics_public && cli.api_keys.is_empty());
         assert!(cli.validate().is_ok());
     }
 
@@ -92,6 +318,12 @@ mod tests {
             "1024",
             "--kv-cache-mb",
             "64",
+            "--api-key",
+            "sk-one",
+            "--api-key",
+            "sk-two",
+            "--first-token-timeout-secs",
+            "0.5",
         ])
         .unwrap()
         .serve;
@@ -99,6 +331,8 @@ mod tests {
         assert_eq!(cli.port, 9000);
         assert_eq!(cli.max_body_bytes, 1024);
         assert_eq!(cli.engine.kv_cache_mb, 64);
+        assert_eq!(cli.api_keys.len(), 2);
+        assert_eq!(cli.timeouts().first_token, Duration::from_millis(500));
     }
 
     #[test]
@@ -128,11 +362,163 @@ mod tests {
     }
 
     #[test]
-    fn rejects_a_zero_body_limit() {
-        let config = ServeConfig {
+    fn rejects_settings_it_cannot_run_with() {
+        let invalid = |config: ServeConfig| config.validate().unwrap_err();
+        let default = ServeConfig::default;
+        assert!(invalid(ServeConfig {
             max_body_bytes: 0,
-            ..ServeConfig::default()
+            ..default()
+        })
+        .contains("--max-body-bytes"));
+        assert!(invalid(ServeConfig {
+            max_concurrent_requests: 0,
+            ..default()
+        })
+        .contains("--max-concurrent-requests"));
+        for secs in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert!(invalid(ServeConfig {
+                request_timeout_secs: secs,
+                ..default()
+            })
+            .contains("--request-timeout-secs"));
+        }
+    }
+
+    #[test]
+    fn file_values_fill_what_flags_and_environment_left_unset() {
+        let file = TempFile::new(
+            r#"
+            [server]
+            port = 9100
+            rpm = 30
+            api_keys = ["sk-file"]
+            first_token_timeout_secs = 5
+            [engine]
+            kv_cache_mb = 96
+            prefix_cache = false
+            "#,
+        );
+        let config = load(&["--config", file.arg()]).unwrap();
+        assert_eq!(config.port, 9100);
+        assert_eq!(config.rpm, 30);
+        assert_eq!(config.api_keys, vec!["sk-file".parse().unwrap()]);
+        assert_eq!(config.first_token_timeout_secs, 5.0);
+        assert_eq!(config.engine.kv_cache_mb, 96);
+        assert!(!config.engine.prefix_cache);
+        assert_eq!(
+            config.host, "127.0.0.1",
+            "keys the file lacks keep their defaults"
+        );
+        assert_eq!(config.engine.block_size, EngineConfig::default().block_size);
+        assert_eq!(config.config.as_ref(), Some(&file.0));
+    }
+
+    #[test]
+    fn a_flag_beats_the_environment_which_beats_the_file() {
+        let file = TempFile::new("[server]\nmax_queued_requests = 7\nshutdown_grace_secs = 7\n");
+        // Tests share the process environment: no other test reads these two settings.
+        std::env::set_var("SWARMGATE_MAX_QUEUED_REQUESTS", "8");
+        std::env::set_var("SWARMGATE_SHUTDOWN_GRACE_SECS", "8");
+        let flagged = load(&["--config", file.arg(), "--max-queued-requests", "9"]);
+        let other_flagged = load(&["--config", file.arg(), "--shutdown-grace-secs", "9"]);
+        std::env::remove_var("SWARMGATE_MAX_QUEUED_REQUESTS");
+        std::env::remove_var("SWARMGATE_SHUTDOWN_GRACE_SECS");
+        let config = flagged.unwrap();
+        assert_eq!(
+            config.max_queued_requests, 9,
+            "flag over environment and file"
+        );
+        assert_eq!(config.shutdown_grace_secs, 8, "environment over file");
+        let config = other_flagged.unwrap();
+        assert_eq!(
+            (config.max_queued_requests, config.shutdown_grace_secs),
+            (8, 9)
+        );
+        let config = load(&["--config", file.arg()]).unwrap();
+        assert_eq!(
+            (config.max_queued_requests, config.shutdown_grace_secs),
+            (7, 7)
+        );
+    }
+
+    #[test]
+    fn an_explicit_default_on_the_command_line_still_beats_the_file() {
+        let file = TempFile::new("[server]\nport = 9100\n");
+        let config = load(&["--config", file.arg(), "--port", "8080"]).unwrap();
+        assert_eq!(config.port, 8080);
+    }
+
+    #[test]
+    fn unknown_keys_and_sections_are_named() {
+        let error = |text: &str| {
+            let file = TempFile::new(text);
+            load(&["--config", file.arg()]).unwrap_err()
         };
-        assert!(config.validate().is_err());
+        let e = error("[server]\nprot = 80\n");
+        assert!(e.contains("[server]") && e.contains("`prot`"), "{e}");
+        let e = error("[engine]\nkv_cache = 80\n");
+        assert!(e.contains("[engine]") && e.contains("`kv_cache`"), "{e}");
+        let e = error("[sever]\nport = 80\n");
+        assert!(e.contains("`sever`"), "{e}");
+        let e = error("[server]\nport = \"eighty\"\n");
+        assert!(e.contains(": [server] port: invalid type"), "{e}");
+        let e = error("[engine]\nkv_cache_mb = -1\n");
+        assert!(e.contains(": [engine] kv_cache_mb: invalid value"), "{e}");
+        let e = error("[server]\nmax_concurrent_requests = 0\n");
+        assert!(
+            e.contains("--max-concurrent-requests"),
+            "validated after merging: {e}"
+        );
+        let e = error("[server]\nengine = 1\n");
+        assert!(e.contains("`engine`"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_named_file_is_an_error() {
+        let e = load(&["--config", "/nonexistent/swarmgate.toml"]).unwrap_err();
+        assert!(e.contains("/nonexistent/swarmgate.toml"), "{e}");
+    }
+
+    /// The example documents every key, set to its default or (for settings without one)
+    /// commented out.
+    #[test]
+    fn the_example_file_documents_every_key_at_its_default() {
+        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../swarmgate.example.toml");
+        let mut config = load(&["--config", example]).unwrap();
+        config.config = None;
+        let loaded = serde_json::to_value(&config).unwrap();
+        let default = serde_json::to_value(ServeConfig::default()).unwrap();
+        assert_eq!(loaded, default, "the example's values are the defaults");
+        let text = std::fs::read_to_string(example).unwrap();
+        let (server, sections) = text.split_once("[engine]").expect("an [engine] section");
+        let (engine, embedding) = sections
+            .split_once("[embedding]")
+            .expect("an [embedding] section after [engine]");
+        let documented = |section: &str, key: &str| {
+            section.lines().any(|line| {
+                let line = line.trim_start_matches(['#', ' ']);
+                line.strip_prefix(key)
+                    .is_some_and(|rest| rest.trim_start().starts_with('='))
+            })
+        };
+        for key in default
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| !SECTIONS.iter().any(|(name, _)| name == k))
+        {
+            assert!(
+                documented(server, key),
+                "[server] {key} is not in the example"
+            );
+        }
+        for (name, text) in [("engine", engine), ("embedding", embedding)] {
+            for key in default[name].as_object().unwrap().keys() {
+                assert!(
+                    documented(text, key),
+                    "[{name}] {key} is not in the example"
+                );
+            }
+        }
     }
 }

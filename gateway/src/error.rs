@@ -4,22 +4,31 @@
 //! Handlers and extractors return [`ApiError`]; nothing else builds an error response. The
 //! status table:
 //!
-//! | variant | status | `type` | `code` |
-//! |---|---|---|---|
-//! | `InvalidRequest` | 400 | `invalid_request_error` | — |
-//! | `ModelNotFound` | 404 | `invalid_request_error` | `model_not_found` |
-//! | `UnknownRoute` | 404 | `invalid_request_error` | `unknown_url` |
-//! | `MethodNotAllowed` | 405 | `invalid_request_error` | `method_not_allowed` |
-//! | `PayloadTooLarge` | 413 | `invalid_request_error` | `request_too_large` |
-//! | `Overloaded` | 503 + `Retry-After` | `server_error` | `overloaded` |
-//! | `Unavailable` | 503 | `server_error` | `engine_unavailable` |
-//! | `Generation` | 500 | `server_error` | — |
-//! | `Internal` | 500, generic message | `server_error` | — |
+//! | variant | status | `type` | `code` | rejection |
+//! |---|---|---|---|---|
+//! | `InvalidRequest` | 400 | `invalid_request_error` | — | `invalid` |
+//! | `MissingApiKey`, `InvalidApiKey` | 401 | `invalid_request_error` | `invalid_api_key` | `auth` |
+//! | `ModelNotFound` | 404 | `invalid_request_error` | `model_not_found` | `invalid` |
+//! | `UnknownRoute` | 404 | `invalid_request_error` | `unknown_url` | `invalid` |
+//! | `MethodNotAllowed` | 405 | `invalid_request_error` | `method_not_allowed` | `invalid` |
+//! | `PayloadTooLarge` | 413 | `invalid_request_error` | `request_too_large` | `body_too_large` |
+//! | `RateLimited` | 429 + `Retry-After` | `rate_limit_error` | `rate_limit_exceeded` | `rate_limit` |
+//! | `Overloaded` | 503 + `Retry-After` | `server_error` | `overloaded` | `overloaded` |
+//! | `Unavailable` | 503 | `server_error` | `engine_unavailable` | — |
+//! | `Timeout` | 504 | `server_error` | `timeout` | `timeout` |
+//! | `Generation` | 500 | `server_error` | — | — |
+//! | `Internal` | 500, generic message | `server_error` | — | — |
 //!
 //! `Internal` hides its detail from the client (it may name files or kernels) and logs it
 //! instead. Errors are classified by variant, never by their message text.
+//!
+//! The rejection column is the `reason` label of `swarmgate_rejections_total`: every error
+//! response carries it as a [`Rejection`] extension, which the metrics layer counts, so the
+//! reasons are decided here and nowhere else.
 
-use axum::http::{header, StatusCode};
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::EngineError;
@@ -48,12 +57,31 @@ pub enum ApiError {
     /// The body is over the configured limit.
     #[error("The request body is larger than this server accepts.")]
     PayloadTooLarge,
+    /// Keys are configured and the request has no `Authorization: Bearer` header.
+    #[error(
+        "You didn't provide an API key. Send it in an Authorization header: \
+         `Authorization: Bearer YOUR_KEY`."
+    )]
+    MissingApiKey,
+    /// The request's key is not one of the configured keys.
+    #[error("Incorrect API key provided.")]
+    InvalidApiKey,
+    /// The caller is over its requests or tokens per minute.
+    #[error("{message}")]
+    RateLimited {
+        message: String,
+        /// When the request would succeed, were it sent again.
+        retry_after: Duration,
+    },
     /// The engine's queue is full; retrying later may succeed.
     #[error("The server is overloaded ({0}); please retry shortly.")]
     Overloaded(String),
     /// The engine has stopped.
     #[error("The model is not available: the engine is not running.")]
     Unavailable,
+    /// The request ran past its first-token or total deadline; its sequence is cancelled.
+    #[error("{0}")]
+    Timeout(&'static str),
     /// Generation started but failed (deadline passed, model error); the engine's message is
     /// meant for clients.
     #[error("Generation failed: {0}")]
@@ -69,6 +97,11 @@ const INTERNAL_MESSAGE: &str = "The server had an error while processing your re
 /// Seconds an overloaded client is asked to wait: the queue drains at generation speed, so
 /// a short wait is usually enough.
 const RETRY_AFTER_SECS: &str = "1";
+
+/// Why a request was refused, as the `reason` label of `swarmgate_rejections_total`. Error
+/// responses carry it as an extension for the metrics layer to count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rejection(pub &'static str);
 
 impl ApiError {
     /// A 400 naming the field at fault.
@@ -93,7 +126,10 @@ impl ApiError {
             Self::ModelNotFound(_) | Self::UnknownRoute { .. } => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::MissingApiKey | Self::InvalidApiKey => StatusCode::UNAUTHORIZED,
+            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Overloaded(_) | Self::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Generation(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -106,8 +142,13 @@ impl ApiError {
             Self::UnknownRoute { .. } => ("invalid_request_error", Some("unknown_url")),
             Self::MethodNotAllowed { .. } => ("invalid_request_error", Some("method_not_allowed")),
             Self::PayloadTooLarge => ("invalid_request_error", Some("request_too_large")),
+            Self::MissingApiKey | Self::InvalidApiKey => {
+                ("invalid_request_error", Some("invalid_api_key"))
+            }
+            Self::RateLimited { .. } => ("rate_limit_error", Some("rate_limit_exceeded")),
             Self::Overloaded(_) => ("server_error", Some("overloaded")),
             Self::Unavailable => ("server_error", Some("engine_unavailable")),
+            Self::Timeout(_) => ("server_error", Some("timeout")),
             Self::Generation(_) | Self::Internal(_) => ("server_error", None),
         };
         let param = match self {
@@ -126,6 +167,30 @@ impl ApiError {
             code,
         }
     }
+
+    /// Why the request was refused, for the metrics; `None` for failures on our side.
+    pub fn rejection(&self) -> Option<Rejection> {
+        let reason = match self {
+            Self::InvalidRequest { .. }
+            | Self::ModelNotFound(_)
+            | Self::UnknownRoute { .. }
+            | Self::MethodNotAllowed { .. } => "invalid",
+            Self::MissingApiKey | Self::InvalidApiKey => "auth",
+            Self::PayloadTooLarge => "body_too_large",
+            Self::RateLimited { .. } => "rate_limit",
+            Self::Overloaded(_) => "overloaded",
+            Self::Timeout(_) => "timeout",
+            Self::Unavailable | Self::Generation(_) | Self::Internal(_) => return None,
+        };
+        Some(Rejection(reason))
+    }
+}
+
+/// Whole seconds, rounded up and at least 1: a client that waits that long will not be
+/// refused again for the same reason.
+fn retry_after_secs(wait: Duration) -> HeaderValue {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    HeaderValue::from(secs.max(1))
 }
 
 impl IntoResponse for ApiError {
@@ -134,17 +199,29 @@ impl IntoResponse for ApiError {
             Self::Internal(detail) => tracing::error!(detail, "internal error"),
             Self::Generation(detail) => tracing::warn!(detail, "generation failed"),
             Self::Overloaded(detail) => tracing::warn!(detail, "overloaded"),
+            Self::Timeout(detail) => tracing::warn!(detail, "timed out"),
             Self::Unavailable => tracing::error!("request refused: the engine is not running"),
             _ => tracing::debug!(error = %self, "request refused"),
         }
         let status = self.status();
+        let rejection = self.rejection();
         let body = Json(ErrorResponse { error: self.body() });
-        match self {
+        let mut response = match self {
             Self::Overloaded(_) => {
                 (status, [(header::RETRY_AFTER, RETRY_AFTER_SECS)], body).into_response()
             }
+            Self::RateLimited { retry_after, .. } => (
+                status,
+                [(header::RETRY_AFTER, retry_after_secs(retry_after))],
+                body,
+            )
+                .into_response(),
             _ => (status, body).into_response(),
+        };
+        if let Some(rejection) = rejection {
+            response.extensions_mut().insert(rejection);
         }
+        response
     }
 }
 
@@ -204,6 +281,55 @@ mod tests {
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(headers[header::RETRY_AFTER], "1");
         assert_eq!(body["error"]["code"], "overloaded");
+    }
+
+    #[tokio::test]
+    async fn auth_failures_are_401_invalid_api_key() {
+        for error in [ApiError::MissingApiKey, ApiError::InvalidApiKey] {
+            let (status, _, body) = parts(error).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED);
+            assert_eq!(body["error"]["type"], "invalid_request_error");
+            assert_eq!(body["error"]["code"], "invalid_api_key");
+        }
+    }
+
+    #[tokio::test]
+    async fn rate_limits_round_retry_after_up() {
+        let limited = |millis| ApiError::RateLimited {
+            message: "slow down".into(),
+            retry_after: Duration::from_millis(millis),
+        };
+        let (status, headers, body) = parts(limited(2_100)).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(headers[header::RETRY_AFTER], "3");
+        assert_eq!(body["error"]["type"], "rate_limit_error");
+        assert_eq!(body["error"]["code"], "rate_limit_exceeded");
+        let (_, headers, _) = parts(limited(0)).await;
+        assert_eq!(
+            headers[header::RETRY_AFTER],
+            "1",
+            "never 0: that invites a hot loop"
+        );
+    }
+
+    #[tokio::test]
+    async fn error_responses_say_why_they_were_refused() {
+        let reason = |error: ApiError| {
+            error
+                .into_response()
+                .extensions()
+                .get::<Rejection>()
+                .map(|r| r.0)
+        };
+        assert_eq!(reason(ApiError::InvalidApiKey), Some("auth"));
+        assert_eq!(reason(ApiError::Timeout("late")), Some("timeout"));
+        assert_eq!(reason(ApiError::PayloadTooLarge), Some("body_too_large"));
+        assert_eq!(reason(ApiError::Overloaded("x".into())), Some("overloaded"));
+        assert_eq!(reason(ApiError::Internal("x".into())), None);
+        assert_eq!(
+            ApiError::Timeout("late").status(),
+            StatusCode::GATEWAY_TIMEOUT
+        );
     }
 
     #[test]

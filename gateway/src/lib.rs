@@ -2,7 +2,12 @@
 //!
 //! A request travels through these pieces, in order:
 //! - [`mod@app`] builds the router: routes, the request-body limit, `x-request-id`, tracing.
-//!   [`app::AppState`] is what every handler shares (the engine handle and the served model).
+//!   [`app::AppState`] is what every handler shares (the engine handle and the served model,
+//!   the keys, the limits, the metrics).
+//! - [`auth`] checks API keys and names the [`auth::Caller`]; [`limits`] applies per-caller
+//!   rate limits (their buckets live in a [`state`] store) and the bounded admission queue, and
+//!   submits work to the engine under the [`deadline`]s; [`metrics`] counts it all for
+//!   `GET /metrics`.
 //! - [`http`] holds one module per endpoint family; handlers are thin: extract, validate, submit,
 //!   shape the answer. [`http::json`] is the JSON body extractor, whose failures keep the OpenAI
 //!   error envelope instead of axum's plain-text defaults.
@@ -11,7 +16,8 @@
 //!   offending field. Only a [`validate::ValidChatRequest`] reaches the engine.
 //! - [`logprobs`] turns the engine's token log-probabilities into OpenAI's shape.
 //! - [`error`] is the one place that decides HTTP statuses and error bodies.
-//! - [`config`] is the server's settings, flags and environment alike; [`serve`] runs it all.
+//! - [`config`] is the server's settings: flags, environment and configuration file; [`serve`]
+//!   runs it all.
 //!
 //! The engine runs on its own thread; handlers only talk to it through
 //! [`engine::EngineHandle::submit`] and the stream it returns. Dropping that stream cancels the
@@ -22,10 +28,15 @@
 
 pub mod api;
 pub mod app;
+pub mod auth;
 pub mod config;
+pub mod deadline;
 pub mod error;
 pub mod http;
+pub mod limits;
 pub mod logprobs;
+pub mod metrics;
+pub mod state;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod validate;
@@ -54,7 +65,7 @@ pub async fn serve(
     let listener = TcpListener::bind((config.host.as_str(), config.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
-    let mut state = AppState::new(engine, config.max_body_bytes);
+    let mut state = AppState::configured(engine, &config);
     if let Some(embeddings) = embeddings {
         state = state.with_embeddings(embeddings);
     }
@@ -90,9 +101,12 @@ pub async fn serve_on(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, model = %state.model_id(), "listening");
     }
-    axum::serve(listener, app(state))
+    let upkeep = tokio::spawn(state.metrics().clone().upkeep());
+    let served = axum::serve(listener, app(state))
         .with_graceful_shutdown(shutdown)
-        .await
+        .await;
+    upkeep.abort();
+    served
 }
 
 /// Completes on ctrl-c, or on SIGTERM where there is one (what container runtimes send).

@@ -8,7 +8,7 @@
 mod tools;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -39,8 +39,18 @@ fn main() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
-        Command::Serve(config) => serve(config),
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    match cli.command {
+        Command::Serve(_) => {
+            // Re-read from the matches: which settings were given decides what the file may set.
+            let serve_matches = matches
+                .subcommand_matches("serve")
+                .expect("the serve command was parsed");
+            let config = gateway::ServeConfig::load(serve_matches)
+                .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+            serve(config)
+        }
         Command::Generate(args) => tools::generate::run(args),
         Command::Bench(args) => tools::bench::run(args),
     }

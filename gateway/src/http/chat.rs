@@ -1,12 +1,16 @@
 //! `POST /v1/chat/completions`: validate, submit to the engine, and answer whole or streamed.
 //!
+//! The request runs under its [`Admission`]: tokens per minute, deadlines, metrics.
+//!
 //! Non-streamed: the deltas are gathered into one message; a generation that fails becomes a 500
-//! envelope. Streamed: server-sent events in OpenAI's order: a first chunk with
-//! `{"role": "assistant", "content": ""}`, one chunk per delta that adds text (or
-//! log-probabilities), a last chunk with an empty delta and the `finish_reason`, the usage chunk
-//! when asked for (`choices: []`), then `data: [DONE]`. A failure after the headers are sent
-//! cannot change the status, so it becomes a chunk with `finish_reason: "error"` and an `error`
-//! object, still followed by `[DONE]`.
+//! envelope, one that runs out of time a 504. Streamed: the headers wait for the first event, so
+//! a request that times out before its first token still gets a 504; then server-sent events in
+//! OpenAI's order: a first chunk with `{"role": "assistant", "content": ""}`, one chunk per delta
+//! that adds text (or log-probabilities), a last chunk with an empty delta and the
+//! `finish_reason`, the usage chunk when asked for (`choices: []`), then `data: [DONE]`. A
+//! failure after the headers are sent (a generation error, the total deadline) cannot change the
+//! status, so it becomes a chunk with `finish_reason: "error"` and an `error` object, still
+//! followed by `[DONE]`.
 //!
 //! Invariant: the engine's [`engine::EventStream`] is owned by the response (the handler's
 //! future, or the SSE body) and by nothing else. When the client goes away hyper drops the
@@ -37,6 +41,7 @@ use crate::api::{
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::json::ApiJson;
+use crate::limits::Admission;
 use crate::logprobs;
 use crate::validate::{validate_chat, ValidChatRequest};
 
@@ -45,18 +50,20 @@ const LOST_STREAM: &str = "the engine ended the request without finishing it";
 
 pub async fn create(
     State(state): State<AppState>,
+    admission: Admission,
     ApiJson(request): ApiJson<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
     let engine = state.engine();
     let ValidChatRequest {
         model,
+        prompt_tokens,
         generate,
         stream,
         include_usage,
         logprobs,
         ..
     } = validate_chat(request, engine.model())?;
-    let events = engine.submit(generate)?;
+    let mut events = admission.submit(&state, prompt_tokens, generate).await?;
     let answer = Answer {
         id: format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()),
         created: unix_now(),
@@ -65,7 +72,14 @@ pub async fn create(
         include_usage,
     };
     if stream {
-        Ok(sse_response(answer.frames(events)))
+        let first = match events.next().await {
+            Some(Err(error)) => return Err(error),
+            first => first,
+        };
+        let rest = state.metrics().count_failures(events);
+        Ok(sse_response(
+            answer.frames(futures::stream::iter(first).chain(rest)),
+        ))
     } else {
         Ok(Json(answer.collect(events).await?).into_response())
     }
@@ -92,12 +106,12 @@ impl Answer {
     /// Waits for the whole generation and returns it as one completion.
     async fn collect(
         self,
-        mut events: impl Stream<Item = Event> + Unpin,
+        mut events: impl Stream<Item = Result<Event, ApiError>> + Unpin,
     ) -> Result<ChatCompletion, ApiError> {
         let mut content = String::new();
         let mut token_logprobs = Vec::new();
         while let Some(event) = events.next().await {
-            match event {
+            match event? {
                 Event::Delta { text, logprobs, .. } => {
                     content.push_str(&text);
                     if let Some(tokenizer) = &self.tokenizer {
@@ -137,7 +151,7 @@ impl Answer {
     /// The answer as a stream of frames; the returned stream owns `events`.
     fn frames(
         self,
-        events: impl Stream<Item = Event> + Unpin + Send,
+        events: impl Stream<Item = Result<Event, ApiError>> + Unpin + Send,
     ) -> impl Stream<Item = Frame> + Send {
         let first = self.choice_chunk(
             ChunkDelta {
@@ -203,10 +217,10 @@ struct Chunks<S> {
 impl<S> Chunks<S> {
     /// Queues the frames that `event` calls for; `None` means the engine dropped the request
     /// without a final event.
-    fn on_event(&mut self, event: Option<Event>) {
+    fn on_event(&mut self, event: Option<Result<Event, ApiError>>) {
         let answer = &self.answer;
-        let last = match event {
-            Some(Event::Delta { text, logprobs, .. }) => {
+        let (last, usage) = match event {
+            Some(Ok(Event::Delta { text, logprobs, .. })) => {
                 // An empty delta is the detokenizer holding back part of a character or a
                 // possible stop string; only its log-probabilities are news.
                 if text.is_empty() && logprobs.is_empty() {
@@ -223,33 +237,28 @@ impl<S> Chunks<S> {
                 self.pending.push_back(Frame::Chunk(Box::new(chunk)));
                 return;
             }
-            Some(Event::Finished {
+            Some(Ok(Event::Finished {
                 reason,
                 usage,
                 error,
-            }) => {
+            })) => {
                 let last = match finish_reason(reason, error) {
                     Ok(reason) => answer.choice_chunk(ChunkDelta::default(), None, Some(reason)),
                     Err(error) => error_chunk(answer, error),
                 };
-                Some((last, usage))
+                (last, Some(usage))
             }
-            None => None,
+            Some(Err(error)) => (error_chunk(answer, error), None),
+            None => (
+                error_chunk(answer, ApiError::Internal(LOST_STREAM.into())),
+                None,
+            ),
         };
-        match last {
-            Some((last, usage)) => {
-                self.pending.push_back(Frame::Chunk(Box::new(last)));
-                if answer.include_usage {
-                    let mut chunk = answer.chunk(Vec::new());
-                    chunk.usage = Some(Some(usage_of(usage)));
-                    self.pending.push_back(Frame::Chunk(Box::new(chunk)));
-                }
-            }
-            None => {
-                let error = ApiError::Internal(LOST_STREAM.into());
-                let chunk = error_chunk(answer, error);
-                self.pending.push_back(Frame::Chunk(Box::new(chunk)));
-            }
+        self.pending.push_back(Frame::Chunk(Box::new(last)));
+        if let Some(usage) = usage.filter(|_| answer.include_usage) {
+            let mut chunk = answer.chunk(Vec::new());
+            chunk.usage = Some(Some(usage_of(usage)));
+            self.pending.push_back(Frame::Chunk(Box::new(chunk)));
         }
         self.pending.push_back(Frame::Done);
         self.events = None;
@@ -369,7 +378,7 @@ mod tests {
     /// The SSE payloads `events` turn into: chunks as JSON, then "[DONE]".
     async fn stream(answer: Answer, events: Vec<Event>) -> Vec<Value> {
         answer
-            .frames(futures::stream::iter(events))
+            .frames(futures::stream::iter(events).map(Ok))
             .map(|frame| match frame {
                 Frame::Chunk(chunk) => serde_json::to_value(&chunk).unwrap(),
                 Frame::Done => json!("[DONE]"),
@@ -511,7 +520,7 @@ mod tests {
             finished(FinishReason::Stop, None),
         ];
         let completion = answer(true, false)
-            .collect(futures::stream::iter(events))
+            .collect(futures::stream::iter(events).map(Ok))
             .await
             .unwrap();
         let choice = &completion.choices[0];
@@ -528,7 +537,7 @@ mod tests {
             finished(FinishReason::Error, Some("deadline exceeded")),
         ];
         let error = answer(false, false)
-            .collect(futures::stream::iter(events))
+            .collect(futures::stream::iter(events).map(Ok))
             .await
             .unwrap_err();
         assert!(matches!(&error, ApiError::Generation(m) if m == "deadline exceeded"));
@@ -537,9 +546,30 @@ mod tests {
             axum::http::StatusCode::INTERNAL_SERVER_ERROR
         );
         let error = answer(false, false)
-            .collect(futures::stream::iter(vec![delta("Hi")]))
+            .collect(futures::stream::iter(vec![delta("Hi")]).map(Ok))
             .await
             .unwrap_err();
         assert!(matches!(error, ApiError::Internal(_)));
+    }
+
+    #[tokio::test]
+    async fn a_timeout_mid_stream_ends_with_a_timeout_chunk() {
+        let events = vec![
+            Ok(delta("Hi")),
+            Err(ApiError::Timeout("out of time")),
+            Ok(delta("never sent")),
+        ];
+        let sent: Vec<Value> = answer(false, true)
+            .frames(futures::stream::iter(events))
+            .map(|frame| match frame {
+                Frame::Chunk(chunk) => serde_json::to_value(&chunk).unwrap(),
+                Frame::Done => json!("[DONE]"),
+            })
+            .collect()
+            .await;
+        assert_eq!(sent.len(), 4, "no usage chunk: the engine never finished");
+        assert_eq!(sent[2]["choices"][0]["finish_reason"], "error");
+        assert_eq!(sent[2]["error"]["code"], "timeout");
+        assert_eq!(sent[3], "[DONE]");
     }
 }

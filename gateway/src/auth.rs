@@ -1,0 +1,265 @@
+//! API keys: who may call, and which caller a request counts against.
+//!
+//! Keys come from the configuration (`--api-key`, `SWARMGATE_API_KEYS`, or `api_keys` in the
+//! file) and are sent as `Authorization: Bearer KEY`. With no key configured the API is open and
+//! every request is the [`Caller::Anonymous`] caller. With keys, every route needs one except
+//! the probes (`/health`, `/ready`) and, unless `--metrics-public false`, `/metrics`; a missing
+//! key or a wrong one is a 401 before anything else runs.
+//!
+//! Invariants:
+//! - keys are kept only as SHA-256 digests, and a presented key is compared with every digest
+//!   in constant time, so neither the time taken nor the order of the keys tells an attacker how
+//!   much of a guess was right;
+//! - a key never appears in logs, metrics or `Debug` output; a caller is named by its
+//!   [`KeyId`], a fingerprint of the digest.
+
+use std::fmt;
+use std::str::FromStr;
+
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::app::AppState;
+use crate::error::ApiError;
+
+/// An API key as configured. Its `Debug` hides it.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ApiKey(String);
+
+impl FromStr for ApiKey {
+    type Err = String;
+
+    fn from_str(key: &str) -> Result<Self, String> {
+        // A bearer token is one header token: no spaces, nothing a header cannot carry.
+        if key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("an API key must be non-empty printable ASCII without spaces".into());
+        }
+        Ok(Self(key.to_owned()))
+    }
+}
+
+impl TryFrom<String> for ApiKey {
+    type Error = String;
+
+    fn try_from(key: String) -> Result<Self, String> {
+        key.parse()
+    }
+}
+
+impl From<ApiKey> for String {
+    fn from(key: ApiKey) -> Self {
+        key.0
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey(..)")
+    }
+}
+
+/// Names a key without revealing it: the first 8 bytes of its SHA-256, shown in hex. Stable
+/// across restarts, so a key keeps its rate-limit bucket in a shared store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KeyId([u8; 8]);
+
+impl KeyId {
+    fn of(digest: &[u8; 32]) -> Self {
+        let mut id = [0; 8];
+        id.copy_from_slice(&digest[..8]);
+        Self(id)
+    }
+}
+
+impl fmt::Display for KeyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+/// Whom a request counts against.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Caller {
+    /// No keys are configured: all traffic is one caller.
+    #[default]
+    Anonymous,
+    Key(KeyId),
+}
+
+impl fmt::Display for Caller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Anonymous => f.write_str("anonymous"),
+            Self::Key(id) => write!(f, "key:{id}"),
+        }
+    }
+}
+
+/// The caller [`authenticate`] found; a request that did not pass through it is anonymous.
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts
+            .extensions
+            .get::<Caller>()
+            .copied()
+            .unwrap_or_default())
+    }
+}
+
+/// The configured keys and which routes are open without one.
+pub struct Auth {
+    digests: Vec<[u8; 32]>,
+    metrics_public: bool,
+}
+
+/// Routes that answer without a key: probes must work for orchestrators that hold none.
+const PROBES: [&str; 2] = ["/health", "/ready"];
+
+impl Auth {
+    pub fn new(keys: &[ApiKey], metrics_public: bool) -> Self {
+        Self {
+            digests: keys.iter().map(|k| digest(&k.0)).collect(),
+            metrics_public,
+        }
+    }
+
+    fn is_open(&self, path: &str) -> bool {
+        self.digests.is_empty()
+            || PROBES.contains(&path)
+            || (self.metrics_public && path == "/metrics")
+    }
+
+    /// The caller `headers` authenticate as.
+    fn caller(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
+        let value = headers
+            .get(header::AUTHORIZATION)
+            .ok_or(ApiError::MissingApiKey)?;
+        let key = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, key)| key.trim())
+            .ok_or(ApiError::InvalidApiKey)?;
+        let presented = digest(key);
+        // Every digest is compared, whatever matched first.
+        let matched = self
+            .digests
+            .iter()
+            .fold(subtle::Choice::from(0), |found, d| {
+                found | d.ct_eq(&presented)
+            });
+        if bool::from(matched) {
+            Ok(Caller::Key(KeyId::of(&presented)))
+        } else {
+            Err(ApiError::InvalidApiKey)
+        }
+    }
+}
+
+fn digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+/// The layer: refuses requests without a valid key (where one is needed) and records the
+/// [`Caller`] for the layers and handlers after it.
+pub async fn authenticate(
+    State(state): State<AppState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let auth = state.auth();
+    let caller = match auth.caller(request.headers()) {
+        Ok(caller) => caller,
+        Err(_) if auth.is_open(request.uri().path()) => Caller::Anonymous,
+        Err(error) => return error.into_response(),
+    };
+    request.extensions_mut().insert(caller);
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+
+    fn keys(keys: &[&str]) -> Auth {
+        let keys: Vec<ApiKey> = keys.iter().map(|k| k.parse().unwrap()).collect();
+        Auth::new(&keys, true)
+    }
+
+    fn bearer(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+        headers
+    }
+
+    #[test]
+    fn a_configured_key_authenticates_as_itself() {
+        let auth = keys(&["sk-alpha", "sk-beta"]);
+        let alpha = auth.caller(&bearer("Bearer sk-alpha")).unwrap();
+        let beta = auth.caller(&bearer("bearer  sk-beta")).unwrap();
+        assert!(matches!(alpha, Caller::Key(_)));
+        assert_ne!(alpha, beta, "each key is its own caller");
+        assert_eq!(auth.caller(&bearer("Bearer sk-alpha")).unwrap(), alpha);
+    }
+
+    #[test]
+    fn missing_wrong_and_malformed_keys_are_refused() {
+        let auth = keys(&["sk-alpha"]);
+        assert!(matches!(
+            auth.caller(&HeaderMap::new()),
+            Err(ApiError::MissingApiKey)
+        ));
+        for value in [
+            "Bearer sk-alph",
+            "Bearer sk-alpha2",
+            "Basic sk-alpha",
+            "sk-alpha",
+            "Bearer ",
+        ] {
+            assert!(
+                matches!(auth.caller(&bearer(value)), Err(ApiError::InvalidApiKey)),
+                "{value:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn probes_stay_open_and_metrics_follow_the_flag() {
+        let auth = keys(&["sk-alpha"]);
+        assert!(auth.is_open("/health") && auth.is_open("/ready") && auth.is_open("/metrics"));
+        assert!(!auth.is_open("/v1/chat/completions"));
+        let private = Auth::new(&["sk-alpha".parse().unwrap()], false);
+        assert!(!private.is_open("/metrics"));
+        assert!(
+            Auth::new(&[], false).is_open("/v1/chat/completions"),
+            "no keys: open"
+        );
+    }
+
+    #[test]
+    fn keys_never_show_and_are_validated() {
+        let key: ApiKey = "sk-secret".parse().unwrap();
+        assert!(!format!("{key:?}").contains("secret"));
+        assert!("".parse::<ApiKey>().is_err());
+        assert!("sk with space".parse::<ApiKey>().is_err());
+        let Caller::Key(id) = keys(&["sk-secret"])
+            .caller(&bearer("Bearer sk-secret"))
+            .unwrap()
+        else {
+            panic!("a configured key");
+        };
+        assert_eq!(id.to_string().len(), 16);
+        assert!(!id.to_string().contains("secret"));
+    }
+}

@@ -1,0 +1,455 @@
+//! Prometheus metrics, rendered in the text format at `GET /metrics`.
+//!
+//! Each [`AppState`] owns its own recorder (no global one), so tests can run several servers
+//! in one process and read each one's figures. Handles are registered once and kept; labelled
+//! series are looked up by label at record time. Every label takes values from a fixed set
+//! (routes, statuses, reasons, tiers), so the number of series is bounded.
+//!
+//! Where each family comes from:
+//! - [`track`], a layer around everything: `swarmgate_http_requests_total{route,status}` and,
+//!   from the [`Rejection`] error responses carry, `swarmgate_rejections_total{reason}`;
+//! - [`Metrics::observe`], around each request's engine events: time to first token,
+//!   inter-token latency, end-to-end duration, prompt and generation tokens;
+//! - [`crate::limits::admit`]: the time a request waited for admission;
+//! - the engine's [`EngineStats`], read when `/metrics` is scraped: running and waiting
+//!   sequences and the KV cache's gauges and counters. Reading them takes the engine's stats
+//!   lock for a copy, never across an await.
+//!
+//! Histogram samples pile up until rendered; [`Metrics::upkeep`] folds them in periodically so
+//! memory stays flat on a server nobody scrapes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use engine::{EngineStats, Event, KvSnapshot};
+use futures::{Stream, StreamExt};
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Metadata, Recorder, Unit};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+
+use crate::app::AppState;
+use crate::error::{ApiError, Rejection};
+
+const HTTP_REQUESTS: &str = "swarmgate_http_requests_total";
+const REJECTIONS: &str = "swarmgate_rejections_total";
+const REQUEST_DURATION: &str = "swarmgate_request_duration_seconds";
+const TIME_TO_FIRST_TOKEN: &str = "swarmgate_time_to_first_token_seconds";
+const INTER_TOKEN_LATENCY: &str = "swarmgate_inter_token_latency_seconds";
+const QUEUE_TIME: &str = "swarmgate_queue_time_seconds";
+const PROMPT_TOKENS: &str = "swarmgate_prompt_tokens_total";
+const GENERATION_TOKENS: &str = "swarmgate_generation_tokens_total";
+const RUNNING: &str = "swarmgate_running_sequences";
+const WAITING: &str = "swarmgate_waiting_sequences";
+
+/// The route label of requests no route matched: one series, whatever the path.
+const UNMATCHED: &str = "unmatched";
+
+/// How often histogram samples are folded in when nobody scrapes.
+pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Histogram buckets, in seconds, per family: each spans what that latency plausibly takes.
+const BUCKETS: [(&str, &[f64]); 4] = [
+    (
+        REQUEST_DURATION,
+        &[
+            0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+        ],
+    ),
+    (
+        TIME_TO_FIRST_TOKEN,
+        &[
+            0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ],
+    ),
+    (
+        INTER_TOKEN_LATENCY,
+        &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0],
+    ),
+    (
+        QUEUE_TIME,
+        &[
+            0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0,
+        ],
+    ),
+];
+
+/// One engine figure, exported as one series.
+struct EngineSeries<T> {
+    name: &'static str,
+    labels: &'static [(&'static str, &'static str)],
+    help: &'static str,
+    read: fn(&KvSnapshot) -> T,
+}
+
+const KV_BLOCKS_HELP: &str = "KV cache blocks by tier and state: free; used (held by a sequence); \
+     cached (kept for prefix reuse, evictable); pinned (kept for a pinned prefix, may also be \
+     used); swapped (holding a preempted sequence's cache).";
+
+const KV_BLOCKS: [EngineSeries<usize>; 7] = {
+    const fn series(
+        labels: &'static [(&'static str, &'static str)],
+        read: fn(&KvSnapshot) -> usize,
+    ) -> EngineSeries<usize> {
+        EngineSeries {
+            name: "swarmgate_kv_blocks",
+            labels,
+            help: KV_BLOCKS_HELP,
+            read,
+        }
+    }
+    [
+        series(&[("tier", "device"), ("state", "free")], |kv| {
+            kv.gauges.device_free
+        }),
+        series(&[("tier", "device"), ("state", "used")], |kv| {
+            kv.gauges.device_used
+        }),
+        series(&[("tier", "device"), ("state", "cached")], |kv| {
+            kv.gauges.device_cached
+        }),
+        series(&[("tier", "device"), ("state", "pinned")], |kv| {
+            kv.gauges.device_pinned
+        }),
+        series(&[("tier", "host"), ("state", "free")], |kv| {
+            kv.gauges.host_free
+        }),
+        series(&[("tier", "host"), ("state", "cached")], |kv| {
+            kv.gauges.host_cached
+        }),
+        series(&[("tier", "host"), ("state", "swapped")], |kv| {
+            kv.gauges.host_swapped
+        }),
+    ]
+};
+
+const PREFIX_HITS_HELP: &str =
+    "Prompt tokens found in the prefix cache, by the tier they came from.";
+const SWAPS_HELP: &str = "KV blocks moved by preemption: swapped out to the host, or back in.";
+const EVICTIONS_HELP: &str =
+    "Cached KV blocks evicted: from the device (to the host tier or dropped), or from the host.";
+
+const KV_COUNTERS: [EngineSeries<u64>; 8] = [
+    EngineSeries {
+        name: "swarmgate_prefix_cache_queries_tokens_total",
+        labels: &[],
+        help: "Prompt tokens looked up in the prefix cache.",
+        read: |kv| kv.counters.prefix_query_tokens,
+    },
+    EngineSeries {
+        name: "swarmgate_prefix_cache_hits_tokens_total",
+        labels: &[("tier", "device")],
+        help: PREFIX_HITS_HELP,
+        read: |kv| kv.counters.device_hit_tokens,
+    },
+    EngineSeries {
+        name: "swarmgate_prefix_cache_hits_tokens_total",
+        labels: &[("tier", "host")],
+        help: PREFIX_HITS_HELP,
+        read: |kv| kv.counters.host_hit_tokens,
+    },
+    EngineSeries {
+        name: "swarmgate_kv_swaps_total",
+        labels: &[("direction", "out")],
+        help: SWAPS_HELP,
+        read: |kv| kv.counters.swapped_out_blocks,
+    },
+    EngineSeries {
+        name: "swarmgate_kv_swaps_total",
+        labels: &[("direction", "in")],
+        help: SWAPS_HELP,
+        read: |kv| kv.counters.swapped_in_blocks,
+    },
+    EngineSeries {
+        name: "swarmgate_kv_evictions_total",
+        labels: &[("tier", "device")],
+        help: EVICTIONS_HELP,
+        read: |kv| kv.counters.device_evictions,
+    },
+    EngineSeries {
+        name: "swarmgate_kv_evictions_total",
+        labels: &[("tier", "host")],
+        help: EVICTIONS_HELP,
+        read: |kv| kv.counters.host_evictions,
+    },
+    EngineSeries {
+        name: "swarmgate_kv_recomputes_total",
+        labels: &[],
+        help: "Preemptions that dropped a sequence's KV cache, to compute it again later.",
+        read: |kv| kv.recomputes,
+    },
+];
+
+/// The server's metrics. Cloning is one reference-count increment.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    request_duration: Histogram,
+    time_to_first_token: Histogram,
+    inter_token_latency: Histogram,
+    queue_time: Histogram,
+    prompt_tokens: Counter,
+    generation_tokens: Counter,
+    running: Gauge,
+    waiting: Gauge,
+    kv_blocks: Vec<Gauge>,
+    kv_counters: Vec<Counter>,
+}
+
+/// Where registrations say they come from; the Prometheus recorder ignores it.
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let builder = BUCKETS
+            .iter()
+            .fold(PrometheusBuilder::new(), |b, (name, buckets)| {
+                b.set_buckets_for_metric(Matcher::Full((*name).into()), buckets)
+                    .expect("bucket lists are not empty")
+            });
+        let recorder = builder.build_recorder();
+        describe(&recorder);
+        let counter = |name: &'static str, labels: &[(&'static str, &'static str)]| {
+            recorder.register_counter(&key(name, labels), &METADATA)
+        };
+        let gauge = |name: &'static str, labels: &[(&'static str, &'static str)]| {
+            recorder.register_gauge(&key(name, labels), &METADATA)
+        };
+        let histogram =
+            |name: &'static str| recorder.register_histogram(&key(name, &[]), &METADATA);
+        let inner = Inner {
+            request_duration: histogram(REQUEST_DURATION),
+            time_to_first_token: histogram(TIME_TO_FIRST_TOKEN),
+            inter_token_latency: histogram(INTER_TOKEN_LATENCY),
+            queue_time: histogram(QUEUE_TIME),
+            prompt_tokens: counter(PROMPT_TOKENS, &[]),
+            generation_tokens: counter(GENERATION_TOKENS, &[]),
+            running: gauge(RUNNING, &[]),
+            waiting: gauge(WAITING, &[]),
+            kv_blocks: KV_BLOCKS
+                .iter()
+                .map(|series| gauge(series.name, series.labels))
+                .collect(),
+            kv_counters: KV_COUNTERS
+                .iter()
+                .map(|series| counter(series.name, series.labels))
+                .collect(),
+            handle: recorder.handle(),
+            recorder,
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The text exposition, with the engine's figures as of now.
+    pub fn render(&self, stats: &EngineStats) -> String {
+        use std::sync::atomic::Ordering::Relaxed;
+        let inner = &self.inner;
+        inner.running.set(stats.running.load(Relaxed) as f64);
+        inner.waiting.set(stats.waiting.load(Relaxed) as f64);
+        let kv = stats.kv();
+        for (gauge, series) in inner.kv_blocks.iter().zip(&KV_BLOCKS) {
+            gauge.set((series.read)(&kv) as f64);
+        }
+        for (counter, series) in inner.kv_counters.iter().zip(&KV_COUNTERS) {
+            counter.absolute((series.read)(&kv));
+        }
+        inner.handle.render()
+    }
+
+    /// Folds histogram samples in; run every [`UPKEEP_INTERVAL`] while serving.
+    pub async fn upkeep(self) {
+        let mut every = tokio::time::interval(UPKEEP_INTERVAL);
+        loop {
+            every.tick().await;
+            self.inner.handle.run_upkeep();
+        }
+    }
+
+    /// A request waited `waited` for its admission slot.
+    pub fn queued(&self, waited: Duration) {
+        self.inner.queue_time.record(waited);
+    }
+
+    /// Counts a refusal.
+    fn reject(&self, rejection: Rejection) {
+        let labels = [Label::from_static_parts("reason", rejection.0)];
+        let key = Key::from_parts(REJECTIONS, labels.to_vec());
+        self.inner
+            .recorder
+            .register_counter(&key, &METADATA)
+            .increment(1);
+    }
+
+    /// Counts the failures in a stream whose headers are already sent: they never become an
+    /// error response, so [`track`] cannot see them.
+    pub fn count_failures<S>(&self, events: S) -> impl Stream<Item = S::Item> + Send + Unpin
+    where
+        S: Stream<Item = Result<Event, ApiError>> + Send + Unpin,
+    {
+        let metrics = self.clone();
+        events.inspect(move |item| {
+            if let Some(rejection) = item.as_ref().err().and_then(ApiError::rejection) {
+                metrics.reject(rejection);
+            }
+        })
+    }
+
+    /// Records a request's latencies and token counts from its events as they pass. `arrived`
+    /// is when the request reached the server: first-token and end-to-end times count from it.
+    pub fn observe<S>(
+        &self,
+        events: S,
+        arrived: Instant,
+    ) -> impl Stream<Item = S::Item> + Send + Unpin
+    where
+        S: Stream<Item = Result<Event, ApiError>> + Send + Unpin,
+    {
+        let inner = self.inner.clone();
+        let mut last_token: Option<Instant> = None;
+        events.inspect(move |item| {
+            let now = Instant::now();
+            match item {
+                Ok(Event::Delta { tokens, .. }) if !tokens.is_empty() => {
+                    match last_token {
+                        None => inner.time_to_first_token.record(now - arrived),
+                        Some(previous) => {
+                            let gap = (now - previous) / tokens.len() as u32;
+                            inner
+                                .inter_token_latency
+                                .record_many(gap.as_secs_f64(), tokens.len());
+                        }
+                    }
+                    last_token = Some(now);
+                }
+                Ok(Event::Delta { .. }) => {}
+                Ok(Event::Finished { usage, .. }) => {
+                    inner.prompt_tokens.increment(usage.prompt_tokens as u64);
+                    inner
+                        .generation_tokens
+                        .increment(usage.completion_tokens as u64);
+                    inner.request_duration.record(now - arrived);
+                }
+                Err(_) => inner.request_duration.record(now - arrived),
+            }
+        })
+    }
+}
+
+fn key(name: &'static str, labels: &[(&'static str, &'static str)]) -> Key {
+    let labels: Vec<Label> = labels
+        .iter()
+        .map(|(k, v)| Label::from_static_parts(k, v))
+        .collect();
+    Key::from_parts(name, labels)
+}
+
+fn describe(recorder: &PrometheusRecorder) {
+    let seconds = Some(Unit::Seconds);
+    let counters = [
+        (
+            HTTP_REQUESTS,
+            "HTTP requests answered, by route and status.",
+        ),
+        (REJECTIONS, "Requests refused, by reason."),
+        (PROMPT_TOKENS, "Prompt tokens of finished requests."),
+        (GENERATION_TOKENS, "Tokens generated for finished requests."),
+    ];
+    for (name, help) in counters {
+        recorder.describe_counter(KeyName::from_const_str(name), None, help.into());
+    }
+    for series in KV_COUNTERS.iter() {
+        recorder.describe_counter(
+            KeyName::from_const_str(series.name),
+            None,
+            series.help.into(),
+        );
+    }
+    let histograms = [
+        (
+            REQUEST_DURATION,
+            "Time from arrival to the end of generation.",
+        ),
+        (
+            TIME_TO_FIRST_TOKEN,
+            "Time from arrival to the first generated token.",
+        ),
+        (
+            INTER_TOKEN_LATENCY,
+            "Time between consecutive generated tokens.",
+        ),
+        (QUEUE_TIME, "Time waited for an admission slot."),
+    ];
+    for (name, help) in histograms {
+        recorder.describe_histogram(KeyName::from_const_str(name), seconds, help.into());
+    }
+    let gauges = [
+        (RUNNING, "Sequences the engine is running."),
+        (WAITING, "Sequences waiting in the engine's queue."),
+    ];
+    for (name, help) in gauges {
+        recorder.describe_gauge(KeyName::from_const_str(name), None, help.into());
+    }
+    for series in KV_BLOCKS.iter() {
+        recorder.describe_gauge(
+            KeyName::from_const_str(series.name),
+            None,
+            series.help.into(),
+        );
+    }
+}
+
+/// The layer: counts every response by route and status, and refusals by reason.
+pub async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or(UNMATCHED, MatchedPath::as_str)
+        .to_owned();
+    let response = next.run(request).await;
+    let metrics = state.metrics();
+    let labels = vec![
+        Label::new("route", route),
+        Label::new("status", response.status().as_str().to_owned()),
+    ];
+    let key = Key::from_parts(HTTP_REQUESTS, labels);
+    metrics
+        .inner
+        .recorder
+        .register_counter(&key, &METADATA)
+        .increment(1);
+    if let Some(rejection) = response.extensions().get::<Rejection>() {
+        metrics.reject(*rejection);
+    }
+    response
+}
+
+/// `GET /metrics`.
+pub async fn scrape(State(state): State<AppState>) -> Response {
+    let text = state.metrics().render(state.engine().stats());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}

@@ -1,0 +1,246 @@
+//! [`MemoryStore`]: the rate-limit buckets in this process's memory, behind one mutex.
+//!
+//! A take or give-back is a hash lookup and a little arithmetic under the lock, never an await,
+//! so the lock is never held long. Memory: one small entry per bucket name. Names come from the
+//! configured keys, so there are few; still, once the map reaches [`PRUNE_AT`] entries, adding
+//! one first drops every bucket that has refilled to the brim, since a full bucket is exactly
+//! what an absent one starts as. The map never holds more than [`PRUNE_AT`] plus the number of
+//! buckets not yet full, whatever the traffic.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::future::{self, BoxFuture};
+
+use super::{Quota, StateStore, Take};
+use crate::error::ApiError;
+
+/// Entries at which adding a bucket first prunes the full ones.
+const PRUNE_AT: usize = 1024;
+
+/// Rate-limit buckets for a single gateway process.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    buckets: Mutex<HashMap<String, Bucket>>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Bucket {
+    quota: Quota,
+    /// Units available as of `at`.
+    level: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn full(quota: Quota, now: Instant) -> Self {
+        Self {
+            quota,
+            level: quota.capacity() as f64,
+            at: now,
+        }
+    }
+
+    /// The level at `now`, counting what has dripped in since `at`.
+    fn level_at(&self, now: Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        (self.level + elapsed * self.quota.per_second()).min(self.quota.capacity() as f64)
+    }
+
+    fn set(&mut self, level: f64, now: Instant) {
+        self.level = level.min(self.quota.capacity() as f64);
+        self.at = self.at.max(now);
+    }
+
+    fn take(&mut self, amount: u64, now: Instant) -> Take {
+        let level = self.level_at(now);
+        let amount = amount as f64;
+        if level >= amount {
+            self.set(level - amount, now);
+            return Take::Granted;
+        }
+        Take::Denied {
+            retry_after: Duration::from_secs_f64((amount - level) / self.quota.per_second()),
+        }
+    }
+
+    fn give_back(&mut self, amount: u64, now: Instant) {
+        let level = self.level_at(now);
+        self.set(level + amount as f64, now);
+    }
+
+    fn is_full(&self, now: Instant) -> bool {
+        self.level_at(now) >= self.quota.capacity() as f64
+    }
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Runs `f` on the bucket `name`, creating it full if absent. A bucket keeps the quota it
+    /// was created with: quotas are fixed for the life of the process.
+    fn with_bucket<R>(
+        &self,
+        name: &str,
+        quota: Quota,
+        now: Instant,
+        f: impl FnOnce(&mut Bucket) -> R,
+    ) -> R {
+        // Every update is a single assignment, so a poisoned lock still guards whole buckets.
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(bucket) = buckets.get_mut(name) {
+            return f(bucket);
+        }
+        if buckets.len() >= PRUNE_AT {
+            buckets.retain(|_, bucket| !bucket.is_full(now));
+        }
+        f(buckets
+            .entry(name.to_owned())
+            .or_insert_with(|| Bucket::full(quota, now)))
+    }
+
+    fn take_at(&self, name: &str, quota: Quota, amount: u64, now: Instant) -> Take {
+        self.with_bucket(name, quota, now, |bucket| bucket.take(amount, now))
+    }
+
+    fn give_back_at(&self, name: &str, quota: Quota, amount: u64, now: Instant) {
+        self.with_bucket(name, quota, now, |bucket| bucket.give_back(amount, now));
+    }
+}
+
+impl StateStore for MemoryStore {
+    fn take<'a>(
+        &'a self,
+        name: &'a str,
+        quota: Quota,
+        amount: u64,
+    ) -> BoxFuture<'a, Result<Take, ApiError>> {
+        let taken = self.take_at(name, quota, amount, Instant::now());
+        Box::pin(future::ready(Ok(taken)))
+    }
+
+    fn give_back<'a>(
+        &'a self,
+        name: &'a str,
+        quota: Quota,
+        amount: u64,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        self.give_back_at(name, quota, amount, Instant::now());
+        Box::pin(future::ready(Ok(())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quota(per_minute: u64) -> Quota {
+        Quota::per_minute(per_minute).unwrap()
+    }
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    #[test]
+    fn a_new_bucket_allows_a_minute_in_one_burst() {
+        let store = MemoryStore::new();
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            assert_eq!(store.take_at("a", quota(3), 1, t0), Take::Granted);
+        }
+        let Take::Denied { retry_after } = store.take_at("a", quota(3), 1, t0) else {
+            panic!("a fourth request in the same instant must be refused");
+        };
+        // 3 a minute: one every 20 s.
+        assert!(
+            (retry_after.as_secs_f64() - 20.0).abs() < 1e-6,
+            "{retry_after:?}"
+        );
+        assert_eq!(
+            store.take_at("b", quota(3), 1, t0),
+            Take::Granted,
+            "buckets are per name"
+        );
+    }
+
+    #[test]
+    fn buckets_refill_at_the_quota_rate_and_no_further() {
+        let store = MemoryStore::new();
+        let t0 = Instant::now();
+        assert_eq!(store.take_at("a", quota(60), 60, t0), Take::Granted);
+        assert!(matches!(
+            store.take_at("a", quota(60), 1, t0),
+            Take::Denied { .. }
+        ));
+        assert_eq!(
+            store.take_at("a", quota(60), 10, t0 + secs(10.0)),
+            Take::Granted
+        );
+        // An hour idle refills one minute's worth, not sixty.
+        let later = t0 + secs(3600.0);
+        assert_eq!(store.take_at("a", quota(60), 60, later), Take::Granted);
+        assert!(matches!(
+            store.take_at("a", quota(60), 1, later),
+            Take::Denied { .. }
+        ));
+    }
+
+    #[test]
+    fn a_denied_take_takes_nothing_and_names_the_wait() {
+        let store = MemoryStore::new();
+        let t0 = Instant::now();
+        assert_eq!(store.take_at("t", quota(600), 500, t0), Take::Granted);
+        let Take::Denied { retry_after } = store.take_at("t", quota(600), 300, t0) else {
+            panic!("only 100 left");
+        };
+        // 200 missing at 10 a second.
+        assert!(
+            (retry_after.as_secs_f64() - 20.0).abs() < 1e-6,
+            "{retry_after:?}"
+        );
+        // Had the refused take taken anything, the wait it named would not be enough.
+        assert_eq!(
+            store.take_at("t", quota(600), 300, t0 + retry_after),
+            Take::Granted
+        );
+    }
+
+    #[test]
+    fn given_back_units_are_usable_at_once_up_to_capacity() {
+        let store = MemoryStore::new();
+        let t0 = Instant::now();
+        assert_eq!(store.take_at("t", quota(100), 100, t0), Take::Granted);
+        store.give_back_at("t", quota(100), 70, t0);
+        assert_eq!(store.take_at("t", quota(100), 70, t0), Take::Granted);
+        store.give_back_at("t", quota(100), 1_000, t0);
+        assert_eq!(store.take_at("t", quota(100), 100, t0), Take::Granted);
+        assert!(matches!(
+            store.take_at("t", quota(100), 1, t0),
+            Take::Denied { .. }
+        ));
+    }
+
+    #[test]
+    fn full_buckets_are_pruned_and_busy_ones_kept() {
+        let store = MemoryStore::new();
+        let t0 = Instant::now();
+        store.take_at("busy", quota(1), 1, t0);
+        for i in 1..PRUNE_AT {
+            store.take_at(&format!("idle-{i}"), quota(6_000), 1, t0);
+        }
+        let len = || store.buckets.lock().unwrap().len();
+        assert_eq!(len(), PRUNE_AT);
+        // 1 s later the idle buckets have refilled (100 a second); "busy" has not (1 a minute).
+        let t1 = t0 + secs(1.0);
+        store.take_at("new", quota(6_000), 1, t1);
+        assert_eq!(len(), 2, "only the busy bucket and the new one remain");
+        assert!(
+            matches!(store.take_at("busy", quota(1), 1, t1), Take::Denied { .. }),
+            "pruning must not reset a bucket that is not full"
+        );
+    }
+}

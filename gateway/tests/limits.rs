@@ -1,0 +1,469 @@
+//! Keys, rate limits, the admission queue, timeouts and metrics, end to end on the real model:
+//! `app()` driven in process with `oneshot`, and a real server on `127.0.0.1:0` for bursts and
+//! streams.
+//!
+//! One engine serves the whole file. Tests that make it generate take [`generating`], so that
+//! a burst in one test cannot starve another's deadline, and the engine is idle when a test
+//! checks that a timed-out request freed it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, Request, StatusCode};
+use engine::{EngineConfig, EngineHandle};
+use gateway::config::ServeConfig;
+use gateway::{app, AppState};
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+const MODEL_ID: &str = "SmolLM2-135M-Instruct.Q4_1";
+const KEY: &str = "sk-test-alpha";
+const OTHER_KEY: &str = "sk-test-beta";
+
+fn engine() -> &'static EngineHandle {
+    static ENGINE: LazyLock<EngineHandle> = LazyLock::new(|| {
+        let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../models")
+            .join(format!("{MODEL_ID}.gguf"));
+        assert!(
+            model.is_file(),
+            "{} is missing: run `make models`",
+            model.display()
+        );
+        EngineHandle::start(&EngineConfig {
+            model,
+            kv_cache_mb: 64,
+            ..EngineConfig::default()
+        })
+        .expect("the engine starts")
+    });
+    &ENGINE
+}
+
+fn state(config: ServeConfig) -> AppState {
+    config.validate().expect("a valid test config");
+    AppState::configured(engine().clone(), &config)
+}
+
+fn with_keys() -> ServeConfig {
+    ServeConfig {
+        api_keys: vec![KEY.parse().unwrap(), OTHER_KEY.parse().unwrap()],
+        ..ServeConfig::default()
+    }
+}
+
+/// Held by every test that makes the engine generate.
+async fn generating() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+/// A short chat that generates at most `max_tokens` tokens.
+fn chat(max_tokens: u32, stream: bool) -> Value {
+    json!({
+        "model": MODEL_ID,
+        "messages": [{"role": "user", "content": "Name a colour."}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "stream": stream,
+    })
+}
+
+fn post(path: &str, key: Option<&str>, body: &Value) -> Request<Body> {
+    let mut request = Request::post(path).header(header::CONTENT_TYPE, "application/json");
+    if let Some(key) = key {
+        request = request.header(header::AUTHORIZATION, format!("Bearer {key}"));
+    }
+    request.body(Body::from(body.to_string())).unwrap()
+}
+
+fn get(path: &str, key: Option<&str>) -> Request<Body> {
+    let mut request = Request::get(path);
+    if let Some(key) = key {
+        request = request.header(header::AUTHORIZATION, format!("Bearer {key}"));
+    }
+    request.body(Body::empty()).unwrap()
+}
+
+/// Sends `request` through `app` in process; returns status, headers and the body as text.
+async fn call(state: &AppState, request: Request<Body>) -> (StatusCode, HeaderMap, String) {
+    let response = app(state.clone()).oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (status, headers, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+/// Asserts `body` is OpenAI's error envelope with this `type` and `code`.
+fn assert_envelope(body: &str, kind: &str, code: &str) {
+    let body: Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"));
+    let error = &body["error"];
+    assert!(
+        error["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert_eq!(error["type"], kind, "{body}");
+    assert_eq!(error["code"], code, "{body}");
+    assert!(error.as_object().unwrap().contains_key("param"), "{body}");
+}
+
+/// A real server on an ephemeral port, stopped when the test's runtime ends.
+async fn server(state: AppState) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(gateway::serve_on(
+        listener,
+        state,
+        std::future::pending::<()>(),
+    ));
+    addr
+}
+
+/// Waits, at most 5 s, until the engine runs nothing and no sequence holds a KV block.
+async fn wait_until_idle() {
+    let stats = engine().stats();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let running = stats.running.load(Ordering::Relaxed);
+        let waiting = stats.waiting.load(Ordering::Relaxed);
+        let used = stats.kv().gauges.device_used;
+        if running == 0 && waiting == 0 && used == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the engine still holds work: running={running} waiting={waiting} used={used}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The `data:` payloads of an SSE body, in order.
+fn sse_data(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|line| line.strip_prefix("data: ").or(line.strip_prefix("data:")))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn keys_are_required_except_on_probes_and_public_metrics() {
+    let state = state(with_keys());
+    let chat = chat(1, false);
+    let (status, _, body) = call(&state, post("/v1/chat/completions", None, &chat)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_envelope(&body, "invalid_request_error", "invalid_api_key");
+    let (status, _, body) =
+        call(&state, post("/v1/chat/completions", Some("sk-nope"), &chat)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_envelope(&body, "invalid_request_error", "invalid_api_key");
+    let (status, _, body) = call(&state, get("/nowhere", None)).await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "unknown routes do not leak: {body}"
+    );
+
+    let (status, _, body) = call(&state, get("/health", None)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _, _) = call(&state, get("/metrics", None)).await;
+    assert_eq!(status, StatusCode::OK, "metrics are public by default");
+    let private = self::state(ServeConfig {
+        metrics_public: false,
+        ..with_keys()
+    });
+    let (status, _, body) = call(&private, get("/metrics", None)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_envelope(&body, "invalid_request_error", "invalid_api_key");
+    let (status, _, _) = call(&private, get("/metrics", Some(KEY))).await;
+    assert_eq!(status, StatusCode::OK);
+
+    let _engine = generating().await;
+    let (status, _, body) = call(&state, post("/v1/chat/completions", Some(KEY), &chat)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _, body) =
+        call(&state, post("/v1/chat/completions", Some(OTHER_KEY), &chat)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+#[tokio::test]
+async fn a_key_over_its_requests_per_minute_gets_429_with_retry_after() {
+    let state = state(ServeConfig {
+        rpm: 2,
+        ..with_keys()
+    });
+    // Bodies that fail validation still count as requests, and cost no generation.
+    let invalid = json!({"model": MODEL_ID, "messages": []});
+    for _ in 0..2 {
+        let (status, _, body) =
+            call(&state, post("/v1/chat/completions", Some(KEY), &invalid)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    }
+    let (status, headers, body) =
+        call(&state, post("/v1/chat/completions", Some(KEY), &invalid)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_envelope(&body, "rate_limit_error", "rate_limit_exceeded");
+    let retry_after: u64 = headers[header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Two a minute: the next one is due within 30 s.
+    assert!(
+        (1..=30).contains(&retry_after),
+        "Retry-After: {retry_after}"
+    );
+
+    let (status, _, body) = call(
+        &state,
+        post("/v1/chat/completions", Some(OTHER_KEY), &invalid),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::BAD_REQUEST,
+        "another key has its own budget: {body}"
+    );
+    let (status, _, _) = call(&state, get("/health", None)).await;
+    assert_eq!(status, StatusCode::OK, "probes are not rate limited");
+}
+
+#[tokio::test]
+async fn a_burst_beyond_the_queue_is_shed_with_503_and_the_rest_complete() {
+    let _engine = generating().await;
+    let state = state(ServeConfig {
+        max_concurrent_requests: 2,
+        max_queued_requests: 2,
+        ..ServeConfig::default()
+    });
+    let addr = server(state).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/v1/chat/completions");
+    let burst = (0..100).map(|_| {
+        let request = client.post(&url).json(&chat(8, false)).send();
+        async move {
+            let response = request.await.expect("every request gets an answer");
+            let status = response.status().as_u16();
+            let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
+            let body = response.text().await.unwrap();
+            (status, retry_after, body)
+        }
+    });
+    let answers = tokio::time::timeout(Duration::from_secs(180), futures::future::join_all(burst))
+        .await
+        .expect("the burst must not hang");
+    let mut by_status: HashMap<u16, usize> = HashMap::new();
+    for (status, retry_after, body) in &answers {
+        *by_status.entry(*status).or_default() += 1;
+        match status {
+            200 => {
+                let body: Value = serde_json::from_str(body).unwrap();
+                assert!(body["choices"][0]["finish_reason"].is_string(), "{body}");
+            }
+            503 => {
+                assert_envelope(body, "server_error", "overloaded");
+                assert!(retry_after.is_some(), "503 without Retry-After");
+            }
+            429 => assert_envelope(body, "rate_limit_error", "rate_limit_exceeded"),
+            other => panic!("{other}: {body}"),
+        }
+    }
+    let admitted = by_status.get(&200).copied().unwrap_or(0);
+    let shed = by_status.get(&503).copied().unwrap_or(0);
+    assert!(
+        admitted >= 4,
+        "2 running and 2 queued must complete: {by_status:?}"
+    );
+    assert!(
+        shed >= 1,
+        "100 at once through 4 places must shed some: {by_status:?}"
+    );
+
+    // Every slot and place in line came back: the queue admits again at once.
+    let response = client
+        .post(&url)
+        .json(&chat(1, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    wait_until_idle().await;
+}
+
+#[tokio::test]
+async fn no_first_token_in_time_is_a_504_and_frees_the_engine() {
+    let _engine = generating().await;
+    let state = state(ServeConfig {
+        first_token_timeout_secs: 0.001,
+        ..ServeConfig::default()
+    });
+    for stream in [false, true] {
+        let request = post("/v1/chat/completions", None, &chat(64, stream));
+        let (status, headers, body) = call(&state, request).await;
+        assert_eq!(
+            status,
+            StatusCode::GATEWAY_TIMEOUT,
+            "stream={stream}: {body}"
+        );
+        assert_eq!(
+            headers[header::CONTENT_TYPE],
+            "application/json",
+            "before any SSE header"
+        );
+        assert_envelope(&body, "server_error", "timeout");
+    }
+    wait_until_idle().await;
+}
+
+#[tokio::test]
+async fn a_stream_past_its_total_deadline_ends_with_an_error_chunk() {
+    let _engine = generating().await;
+    let state = state(ServeConfig {
+        request_timeout_secs: 3.0,
+        ..ServeConfig::default()
+    });
+    // Left alone this runs until the KV cache is full.
+    let endless = json!({
+        "model": MODEL_ID,
+        "messages": [{"role": "user", "content": "Count from 1 to 10000."}],
+        "stream": true,
+        "ignore_eos": true,
+    });
+    let started = Instant::now();
+    let (status, _, body) = call(&state, post("/v1/chat/completions", None, &endless)).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the first token came in time: {body}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "cut at the deadline"
+    );
+    let data = sse_data(&body);
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "error", "{last}");
+    assert_eq!(last["error"]["code"], "timeout", "{last}");
+    assert!(
+        data.len() > 3,
+        "tokens streamed before the deadline: {data:?}"
+    );
+    wait_until_idle().await;
+}
+
+/// The samples of a text exposition, by series (`name{labels}`), comments dropped.
+fn samples(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').expect("`series value`");
+            (series.to_owned(), value.parse().expect("a number"))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn metrics_expose_the_families_and_count_traffic() {
+    let state = state(with_keys());
+    let scrape = || async {
+        let (status, headers, body) = call(&state, get("/metrics", None)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(headers[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain"));
+        body
+    };
+    let answered = r#"swarmgate_http_requests_total{route="/v1/chat/completions",status="200"}"#;
+    let before = samples(&scrape().await);
+    assert_eq!(
+        before.get(answered),
+        None,
+        "a fresh state has counted nothing"
+    );
+
+    let (status, _, _) = call(&state, post("/v1/chat/completions", None, &chat(1, false))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let invalid = json!({"model": MODEL_ID, "messages": []});
+    let (status, _, _) = call(&state, post("/v1/chat/completions", Some(KEY), &invalid)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    {
+        let _engine = generating().await;
+        let request = post("/v1/chat/completions", Some(KEY), &chat(8, true));
+        let (status, _, body) = call(&state, request).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+
+    let text = scrape().await;
+    let after = samples(&text);
+    let value = |series: &str| {
+        *after
+            .get(series)
+            .unwrap_or_else(|| panic!("{series} is missing from:\n{text}"))
+    };
+    assert_eq!(value(answered), 1.0);
+    assert_eq!(
+        value(r#"swarmgate_http_requests_total{route="/v1/chat/completions",status="401"}"#),
+        1.0
+    );
+    assert!(value(r#"swarmgate_http_requests_total{route="/metrics",status="200"}"#) >= 1.0);
+    assert_eq!(value(r#"swarmgate_rejections_total{reason="auth"}"#), 1.0);
+    assert_eq!(
+        value(r#"swarmgate_rejections_total{reason="invalid"}"#),
+        1.0
+    );
+    for histogram in [
+        "swarmgate_request_duration_seconds",
+        "swarmgate_time_to_first_token_seconds",
+        "swarmgate_inter_token_latency_seconds",
+        "swarmgate_queue_time_seconds",
+    ] {
+        assert!(value(&format!("{histogram}_count")) >= 1.0, "{histogram}");
+        assert!(
+            text.contains(&format!("# TYPE {histogram} histogram")),
+            "{histogram} is a histogram"
+        );
+        assert!(
+            text.contains(&format!("# HELP {histogram} ")),
+            "{histogram} is described"
+        );
+        assert!(after.contains_key(&format!(r#"{histogram}_bucket{{le="+Inf"}}"#)));
+    }
+    assert!(value("swarmgate_prompt_tokens_total") > 0.0);
+    let generated = value("swarmgate_generation_tokens_total");
+    assert!((1.0..=8.0).contains(&generated), "{generated}");
+    value("swarmgate_running_sequences");
+    value("swarmgate_waiting_sequences");
+    for (tier, states) in [
+        ("device", &["free", "used", "cached", "pinned"][..]),
+        ("host", &["free", "cached", "swapped"][..]),
+    ] {
+        for state in states {
+            value(&format!(
+                r#"swarmgate_kv_blocks{{tier="{tier}",state="{state}"}}"#
+            ));
+        }
+    }
+    assert!(value(r#"swarmgate_kv_blocks{tier="device",state="free"}"#) > 0.0);
+    assert!(value("swarmgate_prefix_cache_queries_tokens_total") > 0.0);
+    for series in [
+        r#"swarmgate_prefix_cache_hits_tokens_total{tier="device"}"#,
+        r#"swarmgate_prefix_cache_hits_tokens_total{tier="host"}"#,
+        r#"swarmgate_kv_swaps_total{direction="out"}"#,
+        r#"swarmgate_kv_swaps_total{direction="in"}"#,
+        r#"swarmgate_kv_evictions_total{tier="device"}"#,
+        r#"swarmgate_kv_evictions_total{tier="host"}"#,
+        "swarmgate_kv_recomputes_total",
+    ] {
+        value(series);
+    }
+}

@@ -137,6 +137,15 @@ impl Auth {
             || (self.metrics_public && path == "/metrics")
     }
 
+    /// The caller of a request that always needs a key when keys are configured (every gRPC
+    /// call): anonymous when none is.
+    pub fn check(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
+        if self.digests.is_empty() {
+            return Ok(Caller::Anonymous);
+        }
+        self.caller(headers)
+    }
+
     /// The caller `headers` authenticate as.
     fn caller(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
         let value = headers
@@ -201,6 +210,24 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
         headers
+    }
+
+    #[test]
+    fn check_needs_a_key_only_when_keys_are_configured() {
+        assert_eq!(
+            keys(&[]).check(&HeaderMap::new()).unwrap(),
+            Caller::Anonymous
+        );
+        let auth = keys(&["sk-alpha"]);
+        assert!(matches!(
+            auth.check(&HeaderMap::new()),
+            Err(ApiError::MissingApiKey)
+        ));
+        assert!(matches!(
+            auth.check(&bearer("Bearer nope")),
+            Err(ApiError::InvalidApiKey)
+        ));
+        assert!(auth.check(&bearer("Bearer sk-alpha")).is_ok());
     }
 
     #[test]

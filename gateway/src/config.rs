@@ -39,6 +39,9 @@ pub struct ServeConfig {
     /// TCP port to listen on.
     #[arg(long, env = "SWARMGATE_PORT", default_value_t = 8080)]
     pub port: u16,
+    /// TCP port for the gRPC API, on the same host; 0 turns it off.
+    #[arg(long, env = "SWARMGATE_GRPC_PORT", default_value_t = 50051)]
+    pub grpc_port: u16,
     /// Largest request body accepted, in bytes; larger ones get 413 before any parsing.
     #[arg(long, env = "SWARMGATE_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
@@ -98,6 +101,7 @@ impl Default for ServeConfig {
             config: None,
             host: "127.0.0.1".into(),
             port: 8080,
+            grpc_port: 50051,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             shutdown_grace_secs: 30,
             api_keys: Vec::new(),
@@ -217,6 +221,9 @@ impl ServeConfig {
         if self.host.is_empty() {
             return Err("--host must not be empty".into());
         }
+        if self.grpc_port != 0 && self.grpc_port == self.port {
+            return Err("--grpc-port must differ from --port (0 turns gRPC off)".into());
+        }
         if self.max_body_bytes == 0 {
             return Err("--max-body-bytes must be positive".into());
         }
@@ -298,6 +305,7 @@ mod tests {
         let default = ServeConfig::default();
         assert_eq!(cli.host, default.host);
         assert_eq!(cli.port, default.port);
+        assert_eq!(cli.grpc_port, default.grpc_port);
         assert_eq!(cli.max_body_bytes, 4 * 1024 * 1024);
         assert_eq!(cli.engine.kv_cache_mb, default.engine.kv_cache_mb);
         assert_eq!(cli.max_concurrent_requests, default.max_concurrent_requests);
@@ -333,6 +341,20 @@ mod tests {
         assert_eq!(cli.engine.kv_cache_mb, 64);
         assert_eq!(cli.api_keys.len(), 2);
         assert_eq!(cli.timeouts().first_token, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn grpc_port_is_a_flag_and_must_not_be_the_http_port() {
+        let cli = Cli::try_parse_from(["swarmgate", "--grpc-port", "0"])
+            .unwrap()
+            .serve;
+        assert_eq!(cli.grpc_port, 0);
+        assert!(cli.validate().is_ok());
+        let clash = ServeConfig {
+            grpc_port: 8080,
+            ..ServeConfig::default()
+        };
+        assert!(clash.validate().is_err());
     }
 
     #[test]

@@ -16,6 +16,8 @@
 //!   offending field. Only a [`validate::ValidChatRequest`] reaches the engine.
 //! - [`logprobs`] turns the engine's token log-probabilities into OpenAI's shape.
 //! - [`error`] is the one place that decides HTTP statuses and error bodies.
+//! - [`grpc`] is the same chat API over gRPC, on a port of its own: its requests pass through
+//!   [`validate`] too, and its errors map to gRPC codes in one table.
 //! - [`config`] is the server's settings: flags, environment and configuration file; [`serve`]
 //!   runs it all.
 //!
@@ -32,6 +34,7 @@ pub mod auth;
 pub mod config;
 pub mod deadline;
 pub mod error;
+pub mod grpc;
 pub mod http;
 pub mod limits;
 pub mod logprobs;
@@ -44,15 +47,16 @@ pub mod validate;
 use std::future::Future;
 
 use anyhow::Context as _;
+use futures::FutureExt as _;
 use tokio::net::TcpListener;
 
 pub use app::{app, AppState};
 pub use config::ServeConfig;
 pub use error::ApiError;
 
-/// Binds `config.host:config.port` and serves the API until SIGTERM or ctrl-c, then stops
-/// accepting connections and lets the requests in flight finish, for at most
-/// `config.shutdown_grace_secs`.
+/// Binds `config.host:config.port`, and `config.grpc_port` unless it is 0, and serves the HTTP
+/// and gRPC APIs until SIGTERM or ctrl-c; then both stop accepting connections and let the
+/// requests in flight finish, for at most `config.shutdown_grace_secs`.
 pub async fn serve(
     config: config::ServeConfig,
     engine: engine::EngineHandle,
@@ -65,25 +69,40 @@ pub async fn serve(
     let listener = TcpListener::bind((config.host.as_str(), config.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
+    let grpc_listener = match config.grpc_port {
+        0 => None,
+        port => Some(
+            TcpListener::bind((config.host.as_str(), port))
+                .await
+                .with_context(|| format!("cannot listen on {}:{port} (gRPC)", config.host))?,
+        ),
+    };
     let mut state = AppState::configured(engine, &config);
     if let Some(embeddings) = embeddings {
         state = state.with_embeddings(embeddings);
     }
-    let (signalled, on_signal) = tokio::sync::oneshot::channel();
-    let shutdown = async move {
-        shutdown_signal().await;
-        let _ = signalled.send(());
+    // One signal, awaited by both servers and by the grace period.
+    let signal = shutdown_signal().shared();
+    let http = async {
+        serve_on(listener, state.clone(), signal.clone())
+            .await
+            .context("server failed")
+    };
+    let grpc = async {
+        match grpc_listener {
+            Some(listener) => grpc::serve_on(listener, state.clone(), signal.clone())
+                .await
+                .context("gRPC server failed"),
+            None => Ok(()),
+        }
     };
     let grace = std::time::Duration::from_secs(config.shutdown_grace_secs);
     tokio::select! {
-        served = serve_on(listener, state, shutdown) => served.context("server failed"),
-        // Dropping the server ends the remaining streams, which cancels their sequences.
+        served = async { tokio::try_join!(http, grpc).map(|_| ()) } => served,
+        // Dropping the servers ends the remaining streams, which cancels their sequences.
         () = async {
-            if on_signal.await.is_ok() {
-                tokio::time::sleep(grace).await;
-            } else {
-                std::future::pending::<()>().await;
-            }
+            signal.clone().await;
+            tokio::time::sleep(grace).await;
         } => {
             tracing::warn!(grace_secs = grace.as_secs(), "grace period over; ending open streams");
             Ok(())

@@ -1,6 +1,7 @@
 //! `swarmgate`: the server and its tools.
 //!
-//! - `swarmgate serve` serves the OpenAI-compatible API on the engine, in one process.
+//! - `swarmgate serve` serves the OpenAI-compatible API, and the same chat over gRPC, on the
+//!   engine, in one process.
 //! - `swarmgate generate` answers one prompt on the command line.
 //! - `swarmgate bench` drives the engine in process and reports throughput and latency, or what
 //!   prefix caching saves on an agent workload.

@@ -6,52 +6,25 @@
 //! [`generating`] so that each sees the engine to itself: the disconnect test checks that every
 //! KV block is free again, which another test's sequence would make false.
 
+mod support;
+
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::LazyLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, Request, StatusCode};
-use engine::{EngineConfig, EngineHandle};
 use futures::StreamExt;
 use gateway::config::DEFAULT_MAX_BODY_BYTES;
 use gateway::{app, AppState};
 use serde_json::{json, Value};
+use support::{
+    assert_cancelled, engine, generating, wait_until_idle, ENDLESS_PROMPT, MODEL_ID, QUESTION,
+};
 use tower::ServiceExt;
-
-const MODEL_ID: &str = "SmolLM2-135M-Instruct.Q4_1";
-const QUESTION: &str = "What is the capital of France? Answer in one sentence.";
-
-fn engine() -> &'static EngineHandle {
-    static ENGINE: LazyLock<EngineHandle> = LazyLock::new(|| {
-        let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../models")
-            .join(format!("{MODEL_ID}.gguf"));
-        assert!(
-            model.is_file(),
-            "{} is missing: run `make models`",
-            model.display()
-        );
-        EngineHandle::start(&EngineConfig {
-            model,
-            kv_cache_mb: 128,
-            ..EngineConfig::default()
-        })
-        .expect("the engine starts")
-    });
-    &ENGINE
-}
 
 fn state() -> AppState {
     AppState::new(engine().clone(), DEFAULT_MAX_BODY_BYTES)
-}
-
-/// Held by every test that makes the engine generate.
-async fn generating() -> tokio::sync::MutexGuard<'static, ()> {
-    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    LOCK.lock().await
 }
 
 fn chat(extra: Value) -> Value {
@@ -111,44 +84,14 @@ async fn server(state: AppState) -> SocketAddr {
     addr
 }
 
-/// Waits, at most 5 s, until the engine runs nothing and no sequence holds a KV block (blocks
-/// kept for prefix reuse are free to take).
-async fn wait_until_idle() {
-    let stats = engine().stats();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let running = stats.running.load(Ordering::Relaxed);
-        let waiting = stats.waiting.load(Ordering::Relaxed);
-        let kv = stats.kv().gauges;
-        if running == 0 && waiting == 0 && kv.device_used == 0 && kv.host_swapped == 0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still running={running} waiting={waiting} kv={kv:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// A request that, left alone, runs until the KV cache is full: far longer than any test waits.
 fn endless(stream: bool) -> Value {
     json!({
         "model": MODEL_ID,
-        "messages": [{"role": "user", "content": "Count from 1 to 10000."}],
+        "messages": [{"role": "user", "content": ENDLESS_PROMPT}],
         "stream": stream,
         "ignore_eos": true,
     })
-}
-
-/// Asserts the engine stopped well short of running `endless` to the end.
-fn assert_cancelled(decoded_before: u64) {
-    let decoded = engine().stats().decode_tokens.load(Ordering::Relaxed) - decoded_before;
-    let capacity = engine().model().kv_capacity_tokens as u64;
-    assert!(
-        decoded < capacity / 2,
-        "{decoded} tokens decoded: the request ran on instead of being cancelled"
-    );
 }
 
 /// The `data:` payloads of an SSE body, in order, keep-alive comments dropped.

@@ -46,7 +46,7 @@ use crate::logprobs;
 use crate::validate::{validate_chat, ValidChatRequest};
 
 /// What an engine stream that ends without its final event tells the client.
-const LOST_STREAM: &str = "the engine ended the request without finishing it";
+pub(crate) const LOST_STREAM: &str = "the engine ended the request without finishing it";
 
 pub async fn create(
     State(state): State<AppState>,
@@ -266,7 +266,7 @@ impl<S> Chunks<S> {
 }
 
 /// The reason OpenAI reports, or the error a failed generation is.
-fn finish_reason(
+pub(crate) fn finish_reason(
     reason: FinishReason,
     error: Option<String>,
 ) -> Result<api::FinishReason, ApiError> {

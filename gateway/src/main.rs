@@ -5,6 +5,7 @@
 //! - `swarmgate generate` answers one prompt on the command line.
 //! - `swarmgate bench` drives the engine in process and reports throughput and latency, or what
 //!   prefix caching saves on an agent workload.
+//! - `swarmgate plan` shows where the agents of a swarm file would run within device budgets.
 
 mod tools;
 
@@ -30,6 +31,8 @@ enum Command {
     Generate(tools::generate::GenerateArgs),
     /// Benchmark the engine in process: a concurrency sweep, or prefix caching on and off.
     Bench(tools::bench::BenchArgs),
+    /// Place a swarm's agents and models on devices within their memory budgets.
+    Plan(tools::plan::PlanArgs),
 }
 
 fn main() -> Result<()> {
@@ -54,6 +57,7 @@ fn main() -> Result<()> {
         }
         Command::Generate(args) => tools::generate::run(args),
         Command::Bench(args) => tools::bench::run(args),
+        Command::Plan(args) => tools::plan::run(args),
     }
 }
 

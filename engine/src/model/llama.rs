@@ -35,7 +35,8 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
-    fn from_gguf(g: &Gguf) -> Result<Self> {
+    /// Reads the hyper-parameters from metadata alone, without loading any tensor.
+    pub fn from_gguf(g: &Gguf) -> Result<Self> {
         let arch = g.string("general.architecture")?;
         if arch != "llama" {
             return Err(EngineError::Model(format!(

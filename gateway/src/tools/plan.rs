@@ -1,0 +1,346 @@
+//! `swarmgate plan`: where each agent of a swarm file would run, within the devices' memory
+//! budgets, printed as a table. Also the quickest check of a swarm file: every agent is
+//! validated on the way.
+//!
+//! Models are sized from their files without loading them: the weights are the GGUF's size on
+//! disk, and KV bytes per token come from its metadata (layers x 2 x KV heads x head dim x 4
+//! bytes: the engine caches keys and values in f32). `default` is the served model (`--model`);
+//! any other model id must be a GGUF beside it, named `<id>.gguf` or `<id>`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use engine::model::{Gguf, LlamaConfig};
+use router::{
+    AgentSpec, ByteSize, DeviceName, DeviceSpec, ModelCatalog, ModelFootprint, ModelId, Placement,
+    Registry, SwarmConfig,
+};
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// The swarm file.
+    #[arg(long, default_value = "swarm.toml")]
+    config: PathBuf,
+    /// Devices and their memory budgets, comma-separated, e.g.
+    /// `cuda:0=80GiB,cuda:1=80GiB,cpu=16GiB` (default: `cpu` with half of this machine's RAM).
+    #[arg(long, value_delimiter = ',')]
+    devices: Vec<DeviceSpec>,
+    /// The served GGUF, which agents on model `default` run.
+    #[arg(
+        long,
+        env = "SWARMGATE_MODEL",
+        default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )]
+    model: PathBuf,
+}
+
+pub fn run(args: PlanArgs) -> Result<()> {
+    let devices = if args.devices.is_empty() {
+        vec![half_of_ram()?]
+    } else {
+        args.devices
+    };
+    print!("{}", report(&args.config, &args.model, &devices)?);
+    Ok(())
+}
+
+/// The placement of the swarm in `config` on `devices`, rendered; an error if the file is
+/// invalid, a model is unknown, or the agents do not fit.
+fn report(config: &Path, served: &Path, devices: &[DeviceSpec]) -> Result<String> {
+    let swarm = SwarmConfig::load(config)?;
+    let registry = Registry::new(swarm.agents)?;
+    let catalog = catalog(registry.agents(), served)?;
+    let placement = router::plan(registry.agents(), &catalog, devices)?;
+    Ok(render(&placement, &catalog))
+}
+
+/// Sizes the served model and every model the agents name.
+fn catalog<'a>(
+    agents: impl IntoIterator<Item = &'a AgentSpec>,
+    served: &Path,
+) -> Result<ModelCatalog> {
+    let mut catalog = ModelCatalog::default();
+    let served_id = model_id(served)?;
+    catalog.insert(served_id.clone(), footprint(served)?);
+    catalog.alias(ModelId::default(), served_id);
+    let dir = served.parent().unwrap_or(Path::new("."));
+    for agent in agents {
+        if catalog.resolve(&agent.model).is_some() {
+            continue;
+        }
+        let path = model_file(dir, &agent.model).with_context(|| {
+            format!(
+                "agent `{}` runs on model `{}`, which is neither the served model ({}) nor a \
+                 file {}/{}[.gguf]",
+                agent.name,
+                agent.model,
+                served.display(),
+                dir.display(),
+                agent.model
+            )
+        })?;
+        let id = model_id(&path)?;
+        if catalog.resolve(&id).is_none() {
+            catalog.insert(id.clone(), footprint(&path)?);
+        }
+        // A file name and the model id it holds are one model: one replica, not two.
+        catalog.alias(agent.model.clone(), id);
+    }
+    Ok(catalog)
+}
+
+/// The GGUF a model id names in `dir`, if there is one. Only plain file names count, so a
+/// model id can never reach outside the models directory.
+fn model_file(dir: &Path, model: &ModelId) -> Option<PathBuf> {
+    let name = model.as_str();
+    if Path::new(name).file_name() != Some(name.as_ref()) {
+        return None;
+    }
+    [dir.join(name), dir.join(format!("{name}.gguf"))]
+        .into_iter()
+        .find(|path| path.is_file())
+}
+
+/// The engine's name for the model in `path`: the file name without extension.
+fn model_id(path: &Path) -> Result<ModelId> {
+    let stem = path
+        .file_stem()
+        .with_context(|| format!("{} has no file name", path.display()))?;
+    Ok(ModelId::new(stem.to_string_lossy())?)
+}
+
+fn footprint(path: &Path) -> Result<ModelFootprint> {
+    let weight_bytes = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {} (run `make models`)", path.display()))?
+        .len();
+    let config = LlamaConfig::from_gguf(&Gguf::open(path)?)?;
+    // A block of one token costs exactly one token's KV, whatever block size the engine runs.
+    let kv_bytes_per_token = config.kv_layout(1).bytes_per_block() as u64;
+    Ok(ModelFootprint {
+        weight_bytes,
+        kv_bytes_per_token,
+    })
+}
+
+/// The default device: the CPU, with half of the machine's RAM, leaving the rest to the OS,
+/// the host KV tier and everything else running.
+fn half_of_ram() -> Result<DeviceSpec> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo")
+        .context("cannot read /proc/meminfo to size the default device: pass --devices")?;
+    let total = mem_total_bytes(&meminfo)
+        .context("/proc/meminfo has no MemTotal to size the default device: pass --devices")?;
+    Ok(DeviceSpec {
+        name: DeviceName::new("cpu")?,
+        budget_bytes: total / 2,
+    })
+}
+
+fn mem_total_bytes(meminfo: &str) -> Option<u64> {
+    let kib = meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    kib.checked_mul(1024)
+}
+
+fn render(placement: &Placement, catalog: &ModelCatalog) -> String {
+    let list = |items: Vec<String>| {
+        if items.is_empty() {
+            "-".to_owned()
+        } else {
+            items.join(", ")
+        }
+    };
+    let mut devices = vec![row([
+        "device", "budget", "used", "free", "models", "agents",
+    ])];
+    for load in placement.devices() {
+        devices.push(vec![
+            load.device.name.to_string(),
+            ByteSize(load.device.budget_bytes).to_string(),
+            ByteSize(load.used_bytes).to_string(),
+            ByteSize(load.free_bytes()).to_string(),
+            list(load.models.iter().map(ToString::to_string).collect()),
+            list(load.agents.iter().map(ToString::to_string).collect()),
+        ]);
+    }
+    let models: BTreeSet<&ModelId> = placement.agents().values().map(|a| &a.model).collect();
+    let mut footprints = vec![row(["model", "weights", "KV/token", "agents", "devices"])];
+    for model in models {
+        let footprint = catalog
+            .footprint(model)
+            .expect("placed models come from the catalog");
+        let agents = placement
+            .agents()
+            .values()
+            .filter(|a| &a.model == model)
+            .count();
+        footprints.push(vec![
+            model.to_string(),
+            ByteSize(footprint.weight_bytes).to_string(),
+            ByteSize(footprint.kv_bytes_per_token).to_string(),
+            agents.to_string(),
+            list(placement.replicas(model).map(ToString::to_string).collect()),
+        ]);
+    }
+    format!("{}\n{}", table(&devices), table(&footprints))
+}
+
+fn row<const N: usize>(cells: [&str; N]) -> Vec<String> {
+    cells.map(str::to_owned).to_vec()
+}
+
+/// Left-aligned columns two spaces apart; the last column is not padded, so long agent lists
+/// leave no trailing spaces.
+fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|cell| cell.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for cells in rows {
+        let last = cells.len().saturating_sub(1);
+        for (c, cell) in cells.iter().enumerate() {
+            if c == last {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<width$}  ", width = widths[c]));
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1";
+
+    fn repo(path: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+    }
+
+    /// The served model; a missing file fails with the command that fetches it, so a green run
+    /// means the test ran.
+    fn served() -> PathBuf {
+        let path = repo(&format!("models/{SMOLLM2}.gguf"));
+        assert!(
+            path.is_file(),
+            "{} is missing: run `make models`",
+            path.display()
+        );
+        path
+    }
+
+    fn devices(list: &str) -> Vec<DeviceSpec> {
+        list.split(',').map(|d| d.parse().unwrap()).collect()
+    }
+
+    fn agent_on(model: &str) -> AgentSpec {
+        AgentSpec {
+            model: ModelId::new(model).unwrap(),
+            ..AgentSpec::new(
+                router::AgentId::new("poet").unwrap(),
+                router::AgentKind::General,
+            )
+        }
+    }
+
+    #[test]
+    fn smollm2_is_sized_from_its_file_and_metadata() {
+        let footprint = footprint(&served()).unwrap();
+        assert_eq!(
+            footprint.weight_bytes,
+            std::fs::metadata(served()).unwrap().len()
+        );
+        // 30 layers x K and V x 3 KV heads x 64 dims x 4 bytes.
+        assert_eq!(footprint.kv_bytes_per_token, 30 * 2 * 3 * 64 * 4);
+    }
+
+    #[test]
+    fn the_default_swarm_fits_on_one_cpu() {
+        let out = report(&repo("swarm.toml"), &served(), &devices("cpu=4GiB")).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("device  budget"), "{out}");
+        assert!(lines[1].starts_with("cpu     4.0 GiB"), "{out}");
+        assert!(
+            lines[1].ends_with(&format!(
+                "{SMOLLM2}  analyst, coder, general, math, router, support, verifier, writer"
+            )),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("{SMOLLM2}  93.8 MiB  45.0 KiB  8       cpu")),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn an_infeasible_swarm_is_an_error_naming_an_agent() {
+        let err = report(
+            &repo("swarm.toml"),
+            &served(),
+            &devices("cuda:0=512MiB,cpu=300MiB"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("infeasible placement: agent `"), "{err}");
+        assert!(err.contains(&format!("(model `{SMOLLM2}`)")), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_model_is_an_error_naming_it() {
+        let err = catalog([&agent_on("mystery-7b")], &served())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("agent `poet` runs on model `mystery-7b`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_model_file_name_is_the_served_model_not_a_second_one() {
+        for name in [SMOLLM2, &format!("{SMOLLM2}.gguf")] {
+            let agent = agent_on(name);
+            let catalog = catalog([&agent], &served()).unwrap();
+            let resolved = catalog.resolve(&agent.model).unwrap();
+            assert_eq!(resolved.as_str(), SMOLLM2);
+            assert_eq!(catalog.resolve(&ModelId::default()), Some(resolved));
+        }
+    }
+
+    #[test]
+    fn model_ids_cannot_reach_outside_the_models_directory() {
+        let dir = repo("models");
+        assert!(model_file(&dir, &ModelId::new(format!("{SMOLLM2}.gguf")).unwrap()).is_some());
+        assert!(model_file(&dir, &ModelId::new("../swarm.toml").unwrap()).is_none());
+    }
+
+    #[test]
+    fn mem_total_is_read_in_kib() {
+        let meminfo = "MemTotal:       24567890 kB\nMemFree:         1234 kB\n";
+        assert_eq!(mem_total_bytes(meminfo), Some(24_567_890 * 1024));
+        assert_eq!(mem_total_bytes("MemFree: 1 kB\n"), None);
+    }
+
+    #[test]
+    fn tables_align_columns_without_trailing_spaces() {
+        let rows = [row(["a", "bb", "c"]), row(["ccc", "d", "eeee"])];
+        assert_eq!(table(&rows), "a    bb  c\nccc  d   eeee\n");
+    }
+}

@@ -114,6 +114,10 @@ pub struct GenerateRequest {
     pub deadline: Option<Instant>,
     /// What shape the output must take.
     pub response_format: ResponseFormat,
+    /// Report these tokens' log-probabilities with every generated token (in
+    /// [`TokenLogprob::scored`]): a router or a judge reads the model's preference among a few
+    /// answers from one forward pass, without sampling.
+    pub score_tokens: Vec<u32>,
 }
 
 /// A constraint on the generated text.
@@ -139,6 +143,7 @@ impl GenerateRequest {
             priority: 0,
             deadline: None,
             response_format: ResponseFormat::Text,
+            score_tokens: Vec::new(),
         }
     }
 }
@@ -150,6 +155,8 @@ pub struct TokenLogprob {
     pub logprob: f32,
     /// The most likely tokens at this position, most likely first.
     pub top: Vec<(u32, f32)>,
+    /// The log-probabilities of the request's `score_tokens` at this position, in their order.
+    pub scored: Vec<(u32, f32)>,
 }
 
 /// Why a sequence ended.

@@ -35,6 +35,8 @@ pub struct Sampler {
     params: SamplingParams,
     rng: StdRng,
     top_logprobs: Option<usize>,
+    /// Tokens whose log-probabilities are reported at every step.
+    score_tokens: Vec<u32>,
     /// Tokens of the prompt, for the repetition penalty (empty when that penalty is off).
     prompt_tokens: HashSet<u32>,
     /// How often each token was generated, for all three penalties.
@@ -54,10 +56,17 @@ impl Sampler {
             params,
             rng: StdRng::seed_from_u64(seed),
             top_logprobs,
+            score_tokens: Vec::new(),
             prompt_tokens,
             output_counts: HashMap::new(),
             constraint: None,
         }
+    }
+
+    /// Also reports `tokens`' log-probabilities at every step.
+    pub fn scoring(mut self, tokens: Vec<u32>) -> Self {
+        self.score_tokens = tokens;
+        self
     }
 
     /// Samples only what `constraint` allows.
@@ -68,7 +77,9 @@ impl Sampler {
 
     /// Picks the next token from `logits` (overwritten as scratch) and records it as generated.
     pub fn sample(&mut self, logits: &mut [f32]) -> Sampled {
-        let logprob_of = self.top_logprobs.map(|n| (log_softmax(logits), n));
+        let wants_logprobs = self.top_logprobs.is_some() || !self.score_tokens.is_empty();
+        let logprob_of =
+            wants_logprobs.then(|| (log_softmax(logits), self.top_logprobs.unwrap_or(0)));
         self.apply_penalties(logits);
         let token = match self.constraint.take() {
             None => self.choose(logits),
@@ -84,6 +95,11 @@ impl Sampler {
             token,
             logprob: lp[token as usize],
             top: top_n(&lp, n),
+            scored: self
+                .score_tokens
+                .iter()
+                .map(|&t| (t, lp.get(t as usize).copied().unwrap_or(f32::NEG_INFINITY)))
+                .collect(),
         });
         Sampled { token, logprob }
     }
@@ -343,6 +359,15 @@ mod tests {
         );
         // Token 1 is in the prompt: 3.0 / 2 = 1.5 < 2.9.
         assert_eq!(r.sample(&mut logits()).token, 4);
+    }
+
+    #[test]
+    fn scored_tokens_report_their_logprobs_without_top_logprobs() {
+        let mut s = Sampler::new(SamplingParams::greedy(), None, &[]).scoring(vec![5, 2]);
+        let lp = s.sample(&mut logits()).logprob.unwrap();
+        let expect = log_softmax(&logits());
+        assert!(lp.top.is_empty());
+        assert_eq!(lp.scored, vec![(5, expect[5]), (2, expect[2])]);
     }
 
     #[test]

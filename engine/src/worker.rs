@@ -275,7 +275,8 @@ impl Worker {
         if !request.ignore_eos {
             stop_tokens.extend(&self.eos);
         }
-        let mut sampler = Sampler::new(request.sampling, request.logprobs, &prompt);
+        let mut sampler =
+            Sampler::new(request.sampling, request.logprobs, &prompt).scoring(request.score_tokens);
         if request.response_format == ResponseFormat::JsonObject {
             sampler = sampler
                 .with_constraint(JsonObject::new(self.token_bytes.clone(), self.eos.clone()));

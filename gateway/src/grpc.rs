@@ -569,6 +569,7 @@ mod tests {
                     token: hello,
                     logprob: -0.5,
                     top: vec![(hello, -0.5)],
+                    scored: Vec::new(),
                 }],
             },
             delta("Hello"),

@@ -86,6 +86,7 @@ mod tests {
                 token: paris,
                 logprob: -0.25,
                 top: vec![(paris, -0.25), (london, f32::NEG_INFINITY)],
+                scored: Vec::new(),
             }],
         );
         assert_eq!(
@@ -119,6 +120,7 @@ mod tests {
                 token,
                 logprob: -1.0,
                 top: Vec::new(),
+                scored: Vec::new(),
             })
             .collect();
         let bytes: Vec<u8> = to_wire(tokenizer(), &logprobs)

@@ -476,6 +476,7 @@ mod tests {
             token,
             logprob: -0.5,
             top: vec![(token, -0.5)],
+            scored: Vec::new(),
         };
         let events = vec![
             Event::Delta {
@@ -514,6 +515,7 @@ mod tests {
                     token: hello,
                     logprob: -0.25,
                     top: Vec::new(),
+                    scored: Vec::new(),
                 }],
             },
             delta(" world"),

@@ -3,10 +3,13 @@ CARGO ?= cargo
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: models build run test fmt lint bench clean
+.PHONY: models services build run test fmt lint bench clean
 
 models:
 	@scripts/fetch-models.sh
+
+services:
+	@scripts/services.sh
 
 build:
 	$(CARGO) build --release --bin swarmgate
@@ -14,7 +17,7 @@ build:
 run: models build
 	./target/release/swarmgate serve --host $(HOST) --port $(PORT)
 
-test: models
+test: models services
 	$(CARGO) test --workspace --all-targets
 
 fmt:

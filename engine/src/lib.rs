@@ -73,6 +73,8 @@ pub struct ModelInfo {
 
 struct Shared {
     commands: Sender<Command>,
+    /// The engine loop; it ends only when every handle is gone, or if it fails.
+    thread: std::thread::JoinHandle<()>,
     model: ModelInfo,
     next_id: AtomicU64,
     next_pin: AtomicU64,
@@ -162,7 +164,7 @@ impl EngineHandle {
             .build()
             .map_err(|e| EngineError::Model(format!("cannot start compute threads: {e}")))?;
         let worker_stats = stats.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("swarmgate-engine".into())
             .spawn(move || {
                 let setup = WorkerSetup {
@@ -181,6 +183,7 @@ impl EngineHandle {
         Ok(Self {
             shared: Arc::new(Shared {
                 commands: tx,
+                thread,
                 model: model_info,
                 next_id: AtomicU64::new(1),
                 next_pin: AtomicU64::new(1),
@@ -193,6 +196,11 @@ impl EngineHandle {
 
     pub fn model(&self) -> &ModelInfo {
         &self.shared.model
+    }
+
+    /// Whether the engine loop is still taking requests (it has not failed).
+    pub fn is_running(&self) -> bool {
+        !self.shared.thread.is_finished()
     }
 
     pub fn stats(&self) -> &EngineStats {

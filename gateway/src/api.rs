@@ -11,32 +11,30 @@
 //!
 //! [`embeddings`] holds the types of `POST /v1/embeddings`.
 
+pub mod completions;
 pub mod embeddings;
+pub mod models;
 
 use serde::{Deserialize, Serialize};
 
 // ---- requests ----
 
-/// `POST /v1/chat/completions`.
+/// The fields chat and text completions share: how many answers, how they are sampled, when
+/// they stop, whether they stream.
 #[derive(Clone, Debug, Default, Deserialize)]
-pub struct ChatCompletionRequest {
-    /// The served model's id or `"default"`; absent means the served model.
-    pub model: Option<String>,
-    pub messages: Vec<ChatMessage>,
+pub struct GenerationOptions {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
-    /// Deprecated by OpenAI in favour of `max_completion_tokens`; both are accepted.
+    /// Most tokens to generate (chat also takes `max_completion_tokens`, which wins).
     pub max_tokens: Option<i64>,
-    pub max_completion_tokens: Option<i64>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
+    /// How many answers to generate for each prompt.
     pub n: Option<i64>,
     pub seed: Option<i64>,
     pub stop: Option<Stop>,
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
-    pub logprobs: Option<bool>,
-    pub top_logprobs: Option<i64>,
     /// An end-user id for abuse tracking; accepted and unused.
     pub user: Option<String>,
     /// vLLM's extension: keep the k most likely tokens; 0 or -1 turn it off.
@@ -48,7 +46,21 @@ pub struct ChatCompletionRequest {
     /// vLLM's extension: keep generating past the model's end-of-turn token (benchmarks use it
     /// to get answers of a fixed length).
     pub ignore_eos: Option<bool>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct ChatCompletionRequest {
+    /// The served model's id or `"default"`; absent means the served model.
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessage>,
+    /// Supersedes `max_tokens`, which OpenAI deprecated for chat; both are accepted.
+    pub max_completion_tokens: Option<i64>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
     pub response_format: Option<ResponseFormat>,
+    #[serde(flatten)]
+    pub options: GenerationOptions,
 }
 
 /// `response_format`: `{"type": "text"}` or `{"type": "json_object"}`. The type is kept as a
@@ -83,6 +95,17 @@ pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
     pub text: Option<String>,
+}
+
+/// A text input (`prompt` of completions, `input` of embeddings): one text, several, or token
+/// ids in either form. Tried in this order, so `[]` reads as an empty list of texts.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum TextInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<i64>),
+    TokenLists(Vec<Vec<i64>>),
 }
 
 /// `stop`: one string or several.
@@ -264,21 +287,25 @@ mod tests {
         .unwrap();
         assert_eq!(request.model.as_deref(), Some("m"));
         assert_eq!(request.messages.len(), 3);
+        let options = &request.options;
         assert!(matches!(
             &request.messages[1].content,
             Some(MessageContent::Parts(parts)) if parts[0].kind == "text"
                 && parts[0].text.as_deref() == Some("Hi")
         ));
         assert!(request.messages[2].content.is_none());
-        assert!(matches!(&request.stop, Some(Stop::Many(s)) if s.len() == 2));
-        assert_eq!(request.stream_options.unwrap().include_usage, Some(true));
+        assert!(matches!(&options.stop, Some(Stop::Many(s)) if s.len() == 2));
         assert_eq!(
-            (request.max_tokens, request.max_completion_tokens),
+            options.stream_options.as_ref().unwrap().include_usage,
+            Some(true)
+        );
+        assert_eq!(
+            (options.max_tokens, request.max_completion_tokens),
             (Some(5), Some(6))
         );
-        assert_eq!((request.seed, request.top_k), (Some(-3), Some(40)));
-        assert_eq!(request.repetition_penalty, Some(1.1));
-        assert_eq!(request.ignore_eos, Some(true));
+        assert_eq!((options.seed, options.top_k), (Some(-3), Some(40)));
+        assert_eq!(options.repetition_penalty, Some(1.1));
+        assert_eq!(options.ignore_eos, Some(true));
     }
 
     #[test]
@@ -290,7 +317,7 @@ mod tests {
         }))
         .unwrap();
         assert!(request.model.is_none());
-        assert!(matches!(request.stop, Some(Stop::One(s)) if s == "END"));
+        assert!(matches!(request.options.stop, Some(Stop::One(s)) if s == "END"));
     }
 
     #[test]

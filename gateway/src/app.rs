@@ -38,6 +38,8 @@ pub struct AppState {
 struct Inner {
     engine: EngineHandle,
     model_id: String,
+    /// Unix seconds when the server was set up (the models' `created`).
+    started: u64,
     max_body_bytes: usize,
     auth: Auth,
     limits: Limits,
@@ -63,6 +65,7 @@ impl AppState {
             inner: Arc::new(Inner {
                 engine,
                 model_id,
+                started: http::chat::unix_now(),
                 max_body_bytes: config.max_body_bytes,
                 auth: Auth::new(&config.api_keys, config.metrics_public),
                 limits: Limits::new(config),
@@ -94,6 +97,11 @@ impl AppState {
     /// The id clients name the model by (besides the alias `"default"`).
     pub fn model_id(&self) -> &str {
         &self.inner.model_id
+    }
+
+    /// Unix seconds when this server was set up.
+    pub fn started(&self) -> u64 {
+        self.inner.started
     }
 
     pub fn max_body_bytes(&self) -> usize {
@@ -135,8 +143,11 @@ pub fn app(state: AppState) -> Router {
         );
     Router::new()
         .route("/v1/chat/completions", post(http::chat::create))
+        .route("/v1/completions", post(http::completions::create))
         .route("/v1/embeddings", post(http::embeddings::create))
+        .route("/v1/models", get(http::models::list))
         .route("/health", get(http::health::health))
+        .route("/ready", get(http::health::ready))
         .route("/metrics", get(metrics::scrape))
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)

@@ -138,19 +138,22 @@ fn wire_request(request: pb::ChatRequest) -> api::ChatCompletionRequest {
     api::ChatCompletionRequest {
         model: request.model,
         messages,
-        max_tokens: request.max_tokens.map(i64::from),
-        temperature: request.temperature,
-        top_p: request.top_p,
-        top_k: request.top_k.map(i64::from),
-        seed: request.seed,
-        stop: (!request.stop.is_empty()).then_some(api::Stop::Many(request.stop)),
-        presence_penalty: request.presence_penalty,
-        frequency_penalty: request.frequency_penalty,
-        min_p: request.min_p,
-        repetition_penalty: request.repetition_penalty,
-        ignore_eos: request.ignore_eos,
         logprobs: request.logprobs,
         top_logprobs: request.top_logprobs.map(i64::from),
+        options: api::GenerationOptions {
+            max_tokens: request.max_tokens.map(i64::from),
+            temperature: request.temperature,
+            top_p: request.top_p,
+            top_k: request.top_k.map(i64::from),
+            seed: request.seed,
+            stop: (!request.stop.is_empty()).then_some(api::Stop::Many(request.stop)),
+            presence_penalty: request.presence_penalty,
+            frequency_penalty: request.frequency_penalty,
+            min_p: request.min_p,
+            repetition_penalty: request.repetition_penalty,
+            ignore_eos: request.ignore_eos,
+            ..api::GenerationOptions::default()
+        },
         ..api::ChatCompletionRequest::default()
     }
 }

@@ -1,5 +1,6 @@
 //! Turns the engine's per-token log-probabilities (token ids) into OpenAI's chat `logprobs`
-//! entries (token text, raw bytes, alternatives).
+//! entries (token text, raw bytes, alternatives), or into the legacy completions' parallel
+//! arrays ([`Legacy`]).
 //!
 //! A token may hold only part of a UTF-8 character; its `bytes` are exact (from the tokenizer's
 //! byte-level table) and its `token` text is those bytes decoded lossily, which is what a client
@@ -9,7 +10,10 @@
 use engine::model::tokenizer::token_bytes;
 use tokenizers::Tokenizer;
 
+use std::collections::BTreeMap;
+
 use crate::api;
+use crate::api::completions::CompletionLogprobs;
 
 /// OpenAI's value for "impossible".
 const FLOOR: f32 = -9999.0;
@@ -39,6 +43,58 @@ pub fn to_wire(tokenizer: &Tokenizer, logprobs: &[engine::TokenLogprob]) -> Vec<
             }
         })
         .collect()
+}
+
+/// Builds a choice's legacy `logprobs` token by token, keeping each token's text offset.
+pub struct Legacy<'a> {
+    tokenizer: &'a Tokenizer,
+    /// Characters of the choice's text so far.
+    offset: usize,
+}
+
+impl<'a> Legacy<'a> {
+    /// For a choice whose text starts `offset` characters in.
+    pub fn new(tokenizer: &'a Tokenizer, offset: usize) -> Self {
+        Self { tokenizer, offset }
+    }
+
+    /// The characters covered so far.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Appends `logprobs` to `out`.
+    pub fn extend(&mut self, out: &mut CompletionLogprobs, logprobs: &[engine::TokenLogprob]) {
+        for lp in logprobs {
+            let (token, _) = describe(self.tokenizer, lp.token);
+            let top = lp
+                .top
+                .iter()
+                .map(|&(id, logprob)| (describe(self.tokenizer, id).0, finite(logprob)))
+                .collect();
+            self.push(out, token, Some((finite(lp.logprob), top)));
+        }
+    }
+
+    /// Appends an echoed prompt's first token, which nothing predicts.
+    pub fn push_unscored(&mut self, out: &mut CompletionLogprobs, token: u32) {
+        let (token, _) = describe(self.tokenizer, token);
+        self.push(out, token, None);
+    }
+
+    fn push(
+        &mut self,
+        out: &mut CompletionLogprobs,
+        token: String,
+        scored: Option<(f32, BTreeMap<String, f32>)>,
+    ) {
+        out.text_offset.push(self.offset);
+        self.offset += token.chars().count();
+        out.tokens.push(token);
+        let (logprob, top) = scored.unzip();
+        out.token_logprobs.push(logprob);
+        out.top_logprobs.push(top);
+    }
 }
 
 fn describe(tokenizer: &Tokenizer, id: u32) -> (String, Option<Vec<u8>>) {
@@ -128,5 +184,29 @@ mod tests {
             .flat_map(|t| t.bytes.unwrap())
             .collect();
         assert_eq!(bytes, "🙂".as_bytes());
+    }
+
+    #[test]
+    fn legacy_arrays_run_in_parallel_with_offsets() {
+        let (paris, london) = (id(" Paris"), id(" London"));
+        let mut out = CompletionLogprobs::default();
+        let mut legacy = Legacy::new(tokenizer(), 3);
+        legacy.push_unscored(&mut out, london);
+        legacy.extend(
+            &mut out,
+            &[engine::TokenLogprob {
+                token: paris,
+                logprob: -0.25,
+                top: vec![(paris, -0.25), (london, f32::NEG_INFINITY)],
+                scored: Vec::new(),
+            }],
+        );
+        assert_eq!(out.tokens, [" London", " Paris"]);
+        assert_eq!(out.token_logprobs, [None, Some(-0.25)]);
+        assert_eq!(out.text_offset, [3, 10]);
+        assert_eq!(legacy.offset(), 16);
+        assert_eq!(out.top_logprobs[0], None);
+        let top = out.top_logprobs[1].as_ref().unwrap();
+        assert_eq!((top[" Paris"], top[" London"]), (-0.25, FLOOR));
     }
 }

@@ -298,18 +298,12 @@ impl Metrics {
             .increment(1);
     }
 
-    /// Counts the failures in a stream whose headers are already sent: they never become an
-    /// error response, so [`track`] cannot see them.
-    pub fn count_failures<S>(&self, events: S) -> impl Stream<Item = S::Item> + Send + Unpin
-    where
-        S: Stream<Item = Result<Event, ApiError>> + Send + Unpin,
-    {
-        let metrics = self.clone();
-        events.inspect(move |item| {
-            if let Some(rejection) = item.as_ref().err().and_then(ApiError::rejection) {
-                metrics.reject(rejection);
-            }
-        })
+    /// Counts a failure in a stream whose headers are already sent: it never becomes an error
+    /// response, so [`track`] cannot see it.
+    pub fn stream_failed(&self, error: &ApiError) {
+        if let Some(rejection) = error.rejection() {
+            self.reject(rejection);
+        }
     }
 
     /// Records a request's latencies and token counts from its events as they pass. `arrived`

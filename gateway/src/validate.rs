@@ -1,29 +1,28 @@
-//! Turns a wire [`ChatCompletionRequest`] into a [`ValidChatRequest`]: every field checked, the
-//! conversation rendered with the model's chat template and tokenized, defaults filled in.
-//!
-//! Invariants:
-//! - a `ValidChatRequest` exists only if every rule below held, so the engine is never handed a
-//!   request it must refuse for a reason the client could have been told about here;
+//! Turns wire requests into valid ones: every field checked, prompts rendered and tokenized,
+//! defaults filled in. [`validate_chat`] does it for chat; [`completion`] for the legacy text
+//! completions and [`embeddings`] for embeddings, by the same invariants:
+//! - a valid request exists only if every rule held, so the engine is never handed a request it
+//!   must refuse for a reason the client could have been told about here;
 //! - each refusal is a 400 whose `param` names the field at fault, as OpenAI spells it
 //!   (`temperature`, `messages[2].role`); only an unknown model is a 404;
-//! - the prompt is tokenized here, once, and reaches the engine as token ids, so the count used
-//!   for the context check is the count the engine runs.
+//! - prompts are tokenized here, once, and reach the engine as token ids, so the count used for
+//!   the context check is the count the engine runs.
 //!
-//! Rules: the model is the served id or the alias `"default"`; `n` is 1; messages are non-empty,
-//! with roles `system` (or `developer`), `user` and `assistant` and text-only content;
-//! temperature in [0, 2]; top_p in (0, 1]; presence and frequency penalties in [-2, 2]; top_k
-//! (0 or -1: off) not below -1; min_p in [0, 1]; repetition_penalty above 0; logprobs'
-//! top_logprobs in 0..=20 and only with `logprobs: true`; at most 4 non-empty stop strings;
-//! `stream_options` only when streaming; max tokens at least 1, and prompt plus max tokens
-//! within the context (default: all the room left).
-//!
-//! [`embeddings`] validates `POST /v1/embeddings` by the same invariants.
+//! Rules shared by chat and completions ([`GenerationOptions`]): the model is the served id or
+//! the alias `"default"`; `n` in 1..=16; temperature in [0, 2]; top_p in (0, 1]; presence and
+//! frequency penalties in [-2, 2]; top_k (0 or -1: off) not below -1; min_p in [0, 1];
+//! repetition_penalty above 0; at most 4 non-empty stop strings; `stream_options` only when
+//! streaming; max tokens at least 1, and prompt plus max tokens within the context (default: all
+//! the room left). Chat's own: messages are non-empty, with roles `system` (or `developer`),
+//! `user` and `assistant` and text-only content; top_logprobs in 0..=20 and only with
+//! `logprobs: true`.
 
+pub mod completion;
 pub mod embeddings;
 
 use engine::{ChatMessage, GenerateRequest, ModelInfo, Prompt, ResponseFormat, SamplingParams};
 
-use crate::api::{self, ChatCompletionRequest, MessageContent, Stop};
+use crate::api::{self, ChatCompletionRequest, GenerationOptions, MessageContent, Stop};
 use crate::error::ApiError;
 
 /// The model name every client may use for whatever this server serves.
@@ -34,6 +33,10 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// OpenAI's bound on the number of stop sequences.
 pub const MAX_STOP_SEQUENCES: usize = 4;
+
+/// Most answers one request may ask for (`n`, times the prompts of a text completion): each is a
+/// sequence in the engine.
+pub const MAX_CHOICES: usize = 16;
 
 /// A chat request that passed validation, ready for [`engine::EngineHandle::submit`].
 #[derive(Clone, Debug)]
@@ -46,6 +49,8 @@ pub struct ValidChatRequest {
     pub prompt_tokens: usize,
     /// The engine request; its prompt is `prompt`'s token ids.
     pub generate: GenerateRequest,
+    /// Answers to generate.
+    pub n: usize,
     pub stream: bool,
     /// Streams only: end with a chunk that carries the token counts.
     pub include_usage: bool,
@@ -58,106 +63,157 @@ pub fn validate_chat(
     request: ChatCompletionRequest,
     model: &ModelInfo,
 ) -> Result<ValidChatRequest, ApiError> {
-    if let Some(name) = &request.model {
-        if name != &model.id && name != DEFAULT_MODEL_ALIAS {
-            return Err(ApiError::ModelNotFound(name.clone()));
-        }
-    }
-    match request.n {
-        None | Some(1) => {}
-        Some(n) if n < 1 => return Err(ApiError::invalid("n", "n must be at least 1")),
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "n",
-                "only n=1 is supported: send one request per completion",
-            ))
-        }
-    }
-    let stream = request.stream.unwrap_or(false);
-    if request.stream_options.is_some() && !stream {
-        return Err(ApiError::invalid(
-            "stream_options",
-            "stream_options is only allowed when stream is true",
-        ));
-    }
-    let include_usage = request
-        .stream_options
-        .as_ref()
-        .and_then(|o| o.include_usage)
-        .unwrap_or(false);
-
-    let sampling = sampling(&request)?;
+    let model_id = check_model(request.model.as_deref(), &model.id)?;
     let logprobs = logprobs(&request)?;
     let format = response_format(&request)?;
-    let stop = stop(request.stop)?;
+    let max_tokens = match request.max_completion_tokens {
+        Some(n) => Some(("max_completion_tokens", n)),
+        None => request.options.max_tokens.map(|n| ("max_tokens", n)),
+    };
+    let options = Options::new(request.options, max_tokens)?;
     let messages = messages(request.messages)?;
 
     let prompt = model
         .chat_template
         .render(&messages, true)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-    let tokens = model
-        .tokenizer
-        .encode(prompt.as_str(), false)
-        .map_err(|e| ApiError::Internal(format!("tokenizing the prompt: {e}")))?
-        .get_ids()
-        .to_vec();
+    let tokens = tokenize(model, &prompt)?;
     let prompt_tokens = tokens.len();
-    // The engine's own bound: a sequence must fit both the model's positions and the KV cache.
-    let limit = model.context_length.min(model.kv_capacity_tokens);
-    if prompt_tokens >= limit {
-        return Err(ApiError::invalid(
-            "messages",
-            format!(
-                "This model's maximum context length is {limit} tokens. However, your messages \
-                 resulted in {prompt_tokens} tokens, leaving no room for a completion."
-            ),
-        ));
-    }
-    let room = limit - prompt_tokens;
-    let max_tokens = match (request.max_completion_tokens, request.max_tokens) {
-        (Some(n), _) => Some(("max_completion_tokens", n)),
-        (None, Some(n)) => Some(("max_tokens", n)),
-        (None, None) => None,
-    };
-    let max_tokens = match max_tokens {
-        None => room,
-        Some((param, n)) if n < 1 => {
-            return Err(ApiError::invalid(
-                param,
-                format!("{param} must be at least 1"),
-            ))
-        }
-        Some((param, n)) if n as u64 > room as u64 => {
-            return Err(ApiError::invalid(
-                param,
-                format!(
-                    "This model's maximum context length is {limit} tokens. However, you \
-                     requested {} tokens ({prompt_tokens} in the messages, {n} in the \
-                     completion). Please reduce the length of the messages or completion.",
-                    prompt_tokens as u64 + n as u64
-                ),
-            ))
-        }
-        Some((_, n)) => n as usize,
-    };
-
-    let mut generate = GenerateRequest::new(Prompt::Tokens(tokens));
-    generate.sampling = sampling;
-    generate.max_tokens = max_tokens;
-    generate.stop = stop;
+    let mut generate = options.generate(model, tokens, "messages")?;
     generate.logprobs = logprobs;
-    generate.ignore_eos = request.ignore_eos.unwrap_or(false);
     generate.response_format = format;
     Ok(ValidChatRequest {
-        model: model.id.clone(),
+        model: model_id,
         prompt,
         prompt_tokens,
         generate,
-        stream,
-        include_usage,
+        n: options.n,
+        stream: options.stream,
+        include_usage: options.include_usage,
         logprobs,
     })
+}
+
+/// `served`, when the request's `model` (if given) names it or the default alias.
+fn check_model(name: Option<&str>, served: &str) -> Result<String, ApiError> {
+    match name {
+        Some(name) if name != served && name != DEFAULT_MODEL_ALIAS => {
+            Err(ApiError::ModelNotFound(name.to_owned()))
+        }
+        _ => Ok(served.to_owned()),
+    }
+}
+
+fn tokenize(model: &ModelInfo, text: &str) -> Result<Vec<u32>, ApiError> {
+    Ok(model
+        .tokenizer
+        .encode(text, false)
+        .map_err(|e| ApiError::Internal(format!("tokenizing the prompt: {e}")))?
+        .get_ids()
+        .to_vec())
+}
+
+/// [`GenerationOptions`] checked: what every engine request of one API request shares.
+struct Options {
+    n: usize,
+    stream: bool,
+    include_usage: bool,
+    sampling: SamplingParams,
+    stop: Vec<String>,
+    ignore_eos: bool,
+    /// The field that set it, and its value.
+    max_tokens: Option<(&'static str, i64)>,
+}
+
+impl Options {
+    fn new(
+        options: GenerationOptions,
+        max_tokens: Option<(&'static str, i64)>,
+    ) -> Result<Self, ApiError> {
+        let n = match options.n {
+            None => 1,
+            Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(ApiError::invalid(
+                    "n",
+                    format!("n must be between 1 and {MAX_CHOICES}; got {n}"),
+                ))
+            }
+        };
+        let stream = options.stream.unwrap_or(false);
+        if options.stream_options.is_some() && !stream {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "stream_options is only allowed when stream is true",
+            ));
+        }
+        let include_usage = options
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        if let Some((param, n)) = max_tokens.filter(|&(_, n)| n < 1) {
+            return Err(ApiError::invalid(
+                param,
+                format!("{param} must be at least 1; got {n}"),
+            ));
+        }
+        Ok(Self {
+            n,
+            stream,
+            include_usage,
+            sampling: sampling(&options)?,
+            ignore_eos: options.ignore_eos.unwrap_or(false),
+            stop: stop(options.stop)?,
+            max_tokens,
+        })
+    }
+
+    /// The engine request for the prompt `tokens`, whose room for an answer is checked against
+    /// the context; `input` names the field the prompt came from.
+    fn generate(
+        &self,
+        model: &ModelInfo,
+        tokens: Vec<u32>,
+        input: &str,
+    ) -> Result<GenerateRequest, ApiError> {
+        let prompt_tokens = tokens.len();
+        // The engine's own bound: a sequence must fit both the model's positions and the KV
+        // cache.
+        let limit = model.context_length.min(model.kv_capacity_tokens);
+        if prompt_tokens >= limit {
+            return Err(ApiError::invalid(
+                input,
+                format!(
+                    "This model's maximum context length is {limit} tokens. However, your \
+                     {input} resulted in {prompt_tokens} tokens, leaving no room for a \
+                     completion."
+                ),
+            ));
+        }
+        let room = limit - prompt_tokens;
+        let max_tokens = match self.max_tokens {
+            None => room,
+            Some((param, n)) if n as u64 > room as u64 => {
+                return Err(ApiError::invalid(
+                    param,
+                    format!(
+                        "This model's maximum context length is {limit} tokens. However, you \
+                         requested {} tokens ({prompt_tokens} in the {input}, {n} in the \
+                         completion). Please reduce the length of the {input} or completion.",
+                        prompt_tokens as u64 + n as u64
+                    ),
+                ))
+            }
+            Some((_, n)) => n as usize,
+        };
+        let mut generate = GenerateRequest::new(Prompt::Tokens(tokens));
+        generate.sampling = self.sampling.clone();
+        generate.max_tokens = max_tokens;
+        generate.stop = self.stop.clone();
+        generate.ignore_eos = self.ignore_eos;
+        Ok(generate)
+    }
 }
 
 /// `json_object` asks the engine for JSON-constrained decoding. As OpenAI does, it requires the
@@ -200,7 +256,7 @@ fn response_format(request: &ChatCompletionRequest) -> Result<ResponseFormat, Ap
     }
 }
 
-fn sampling(request: &ChatCompletionRequest) -> Result<SamplingParams, ApiError> {
+fn sampling(request: &GenerationOptions) -> Result<SamplingParams, ApiError> {
     let defaults = SamplingParams::default();
     let temperature = check(
         "temperature",
@@ -533,7 +589,7 @@ mod tests {
             (json!({"min_p": 1.5}), "min_p"),
             (json!({"repetition_penalty": 0}), "repetition_penalty"),
             (json!({"top_k": -2}), "top_k"),
-            (json!({"n": 2}), "n"),
+            (json!({"n": 17}), "n"),
             (json!({"n": 0}), "n"),
         ] {
             assert_eq!(rejected_param(extra), param);

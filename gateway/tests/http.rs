@@ -348,3 +348,161 @@ async fn unknown_routes_and_methods_keep_the_envelope() {
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert_envelope(&body, "invalid_request_error", None);
 }
+
+fn get(path: &str) -> Request<Body> {
+    Request::get(path).body(Body::empty()).unwrap()
+}
+
+fn post_to(path: &str, body: Value) -> Request<Body> {
+    Request::post(path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn ready_and_models_name_the_served_model() {
+    let (status, _, body) = call(state(), get("/ready")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["status"], "ready");
+    let (status, _, body) = call(state(), get("/v1/models")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["object"], "list");
+    assert_eq!(body["data"][0]["id"], MODEL_ID);
+    assert_eq!(body["data"][0]["object"], "model");
+    assert!(body["data"][0]["created"].as_u64().unwrap() > 1_700_000_000);
+}
+
+#[tokio::test]
+async fn n_answers_are_independent_and_reproducible() {
+    let _engine = generating().await;
+    let body = chat(json!({
+        "messages": [{"role": "user", "content": "Invent a name for a pet dragon."}],
+        "n": 3, "seed": 7, "temperature": 1.0, "max_tokens": 12,
+    }));
+    let (status, _, first) = call(state(), post(body.to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let texts = |answer: &Value| -> Vec<String> {
+        answer["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                assert_eq!(c["index"], i);
+                c["message"]["content"].as_str().unwrap().to_owned()
+            })
+            .collect()
+    };
+    let (_, _, again) = call(state(), post(body.to_string())).await;
+    assert_eq!(texts(&first).len(), 3);
+    assert_eq!(texts(&first), texts(&again), "same seed, same answers");
+    assert!(
+        texts(&first)[0] != texts(&first)[1] || texts(&first)[1] != texts(&first)[2],
+        "each answer has its own seed: {:?}",
+        texts(&first)
+    );
+    let usage = &first["usage"];
+    let completion: u64 = usage["completion_tokens"].as_u64().unwrap();
+    assert!(completion > 12 && completion <= 36, "{usage}");
+    let mut one = body.clone();
+    one["n"] = json!(1);
+    let (_, _, one) = call(state(), post(one.to_string())).await;
+    assert_eq!(
+        usage["prompt_tokens"], one["usage"]["prompt_tokens"],
+        "the prompt counts once"
+    );
+    wait_until_idle().await;
+}
+
+#[tokio::test]
+async fn completions_echo_and_report_legacy_logprobs() {
+    let _engine = generating().await;
+    let prompt = "The capital of France is";
+    let body = json!({
+        "model": MODEL_ID, "prompt": prompt, "max_tokens": 6, "temperature": 0,
+        "logprobs": 2,
+    });
+    let (status, _, plain) = call(state(), post_to("/v1/completions", body.clone())).await;
+    assert_eq!(status, StatusCode::OK, "{plain}");
+    assert_eq!(plain["object"], "text_completion");
+    assert!(plain["id"].as_str().unwrap().starts_with("cmpl-"));
+    let choice = &plain["choices"][0];
+    let text = choice["text"].as_str().unwrap();
+    assert!(text.contains("Paris"), "{text:?}");
+    let logprobs = &choice["logprobs"];
+    let tokens = logprobs["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len() as u64, plain["usage"]["completion_tokens"]);
+    for key in ["token_logprobs", "top_logprobs", "text_offset"] {
+        assert_eq!(
+            logprobs[key].as_array().unwrap().len(),
+            tokens.len(),
+            "{key}"
+        );
+    }
+    assert_eq!(logprobs["text_offset"][0], 0);
+    let top = logprobs["top_logprobs"][0].as_object().unwrap();
+    assert!(top.len() <= 2 && top.contains_key(tokens[0].as_str().unwrap()));
+
+    let mut echo = body;
+    echo["echo"] = json!(true);
+    let (_, _, echoed) = call(state(), post_to("/v1/completions", echo)).await;
+    assert_eq!(echoed["choices"][0]["text"], format!("{prompt}{text}"));
+    let offsets = &echoed["choices"][0]["logprobs"]["text_offset"];
+    assert!(
+        offsets.as_array().unwrap().contains(&json!(prompt.len())),
+        "{offsets}"
+    );
+    wait_until_idle().await;
+}
+
+#[tokio::test]
+async fn completions_stream_every_choice_then_usage() {
+    let _engine = generating().await;
+    let addr = server(state()).await;
+    let body = json!({
+        "model": MODEL_ID, "prompt": ["One, two,", "Red, green,"], "max_tokens": 5,
+        "temperature": 0, "stream": true, "stream_options": {"include_usage": true},
+    });
+    let text = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let data = sse_data(&text);
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(usage["completion_tokens"], 10, "{usage}");
+    let (_, _, whole) = call(
+        state(),
+        post_to(
+            "/v1/completions",
+            json!({"model": MODEL_ID, "prompt": ["One, two,", "Red, green,"], "max_tokens": 5, "temperature": 0}),
+        ),
+    )
+    .await;
+    for index in 0..2 {
+        let streamed: String = chunks
+            .iter()
+            .flat_map(|c| c["choices"].as_array().unwrap())
+            .filter(|c| c["index"] == index)
+            .map(|c| c["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(streamed, whole["choices"][index]["text"], "choice {index}");
+        let last = chunks
+            .iter()
+            .flat_map(|c| c["choices"].as_array().unwrap())
+            .rfind(|c| c["index"] == index)
+            .unwrap();
+        assert_eq!(last["finish_reason"], "length");
+    }
+    wait_until_idle().await;
+}

@@ -6,11 +6,13 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::TextInput;
+
 /// `POST /v1/embeddings`.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct EmbeddingRequest {
     /// Required by OpenAI; optional here so that its absence is a 400 naming `input`.
-    pub input: Option<EmbeddingInput>,
+    pub input: Option<TextInput>,
     /// The served embedding model's id or `"default"`; absent means the served model.
     pub model: Option<String>,
     /// `"float"` (the default) or `"base64"`.
@@ -19,17 +21,6 @@ pub struct EmbeddingRequest {
     pub dimensions: Option<i64>,
     /// An end-user id for abuse tracking; accepted and unused.
     pub user: Option<String>,
-}
-
-/// `input`: one text, several, or token ids in either form. Tried in this order, so `[]` reads
-/// as an empty list of texts.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
-pub enum EmbeddingInput {
-    Text(String),
-    Texts(Vec<String>),
-    Tokens(Vec<i64>),
-    TokenLists(Vec<Vec<i64>>),
 }
 
 /// The answer: one embedding per input, in input order.
@@ -81,13 +72,13 @@ mod tests {
                 .input
                 .unwrap()
         };
-        assert!(matches!(input(json!("hi")), EmbeddingInput::Text(t) if t == "hi"));
-        assert!(matches!(input(json!(["a", "b"])), EmbeddingInput::Texts(t) if t.len() == 2));
-        assert!(matches!(input(json!([])), EmbeddingInput::Texts(t) if t.is_empty()));
-        assert!(matches!(input(json!([1, 2])), EmbeddingInput::Tokens(t) if t == [1, 2]));
+        assert!(matches!(input(json!("hi")), TextInput::Text(t) if t == "hi"));
+        assert!(matches!(input(json!(["a", "b"])), TextInput::Texts(t) if t.len() == 2));
+        assert!(matches!(input(json!([])), TextInput::Texts(t) if t.is_empty()));
+        assert!(matches!(input(json!([1, 2])), TextInput::Tokens(t) if t == [1, 2]));
         assert!(matches!(
             input(json!([[1], [2, 3]])),
-            EmbeddingInput::TokenLists(t) if t.len() == 2
+            TextInput::TokenLists(t) if t.len() == 2
         ));
         let request: EmbeddingRequest = serde_json::from_value(json!({
             "input": "hi", "model": "m", "encoding_format": "base64", "dimensions": 384,

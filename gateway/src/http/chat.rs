@@ -1,45 +1,35 @@
 //! `POST /v1/chat/completions`: validate, submit to the engine, and answer whole or streamed.
 //!
-//! The request runs under its [`Admission`]: tokens per minute, deadlines, metrics.
+//! The request runs under its [`Admission`]: tokens per minute, deadlines, metrics. Its `n`
+//! answers run side by side ([`Choices`]).
 //!
-//! Non-streamed: the deltas are gathered into one message; a generation that fails becomes a 500
-//! envelope, one that runs out of time a 504. Streamed: the headers wait for the first event, so
-//! a request that times out before its first token still gets a 504; then server-sent events in
-//! OpenAI's order: a first chunk with `{"role": "assistant", "content": ""}`, one chunk per delta
-//! that adds text (or log-probabilities), a last chunk with an empty delta and the
-//! `finish_reason`, the usage chunk when asked for (`choices: []`), then `data: [DONE]`. A
-//! failure after the headers are sent (a generation error, the total deadline) cannot change the
-//! status, so it becomes a chunk with `finish_reason: "error"` and an `error` object, still
-//! followed by `[DONE]`.
+//! Non-streamed: each answer's deltas are gathered into one message; a generation that fails
+//! becomes a 500 envelope, one that runs out of time a 504. Streamed: the headers wait for the
+//! first update, so a request that times out before its first token still gets a 504; then
+//! server-sent events in OpenAI's order: per choice, a first chunk with
+//! `{"role": "assistant", "content": ""}`, one chunk per delta that adds text (or
+//! log-probabilities), a last chunk with an empty delta and the `finish_reason`; then the usage
+//! chunk when asked for (`choices: []`), then `data: [DONE]`.
 //!
-//! Invariant: the engine's [`engine::EventStream`] is owned by the response (the handler's
-//! future, or the SSE body) and by nothing else. When the client goes away hyper drops the
-//! response, which drops the stream, which cancels the sequence and frees its KV blocks. No task
-//! may be spawned that holds it.
-//!
-//! The answer is built from any stream of engine [`Event`]s, so its shape is unit-tested below
-//! without an engine.
+//! The chunks are built from [`Update`]s alone, so their shape is unit-tested below without an
+//! engine.
 
-use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
-use axum::http::HeaderValue;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use engine::{Event, FinishReason};
-use futures::{Stream, StreamExt};
+use engine::{FinishReason, TokenLogprob};
 use tokenizers::Tokenizer;
 
 use crate::api::{
     self, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
-    ChoiceLogprobs, ChunkChoice, ChunkDelta, PromptTokensDetails, Usage,
+    ChoiceLogprobs, ChunkChoice, ChunkDelta, ErrorBody,
 };
 use crate::app::AppState;
 use crate::error::ApiError;
+use crate::http::choices::{sse_response, Choices, ChunkFormat, Update};
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
 use crate::logprobs;
@@ -58,12 +48,14 @@ pub async fn create(
         model,
         prompt_tokens,
         generate,
+        n,
         stream,
         include_usage,
         logprobs,
         ..
     } = validate_chat(request, engine.model())?;
-    let mut events = admission.submit(&state, prompt_tokens, generate).await?;
+    let mut choices =
+        Choices::submit(&state, &admission, vec![(prompt_tokens, generate)], n).await?;
     let answer = Answer {
         id: format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()),
         created: unix_now(),
@@ -71,18 +63,37 @@ pub async fn create(
         tokenizer: logprobs.map(|_| engine.model().tokenizer.clone()),
         include_usage,
     };
-    if stream {
-        let first = match events.next().await {
-            Some(Err(error)) => return Err(error),
-            first => first,
-        };
-        let rest = state.metrics().count_failures(events);
-        Ok(sse_response(
-            answer.frames(futures::stream::iter(first).chain(rest)),
-        ))
-    } else {
-        Ok(Json(answer.collect(events).await?).into_response())
+    if !stream {
+        let (collected, usage) = choices.collect().await?;
+        let choices = collected
+            .into_iter()
+            .enumerate()
+            .map(|(index, choice)| ChatChoice {
+                index: index as u32,
+                logprobs: answer.logprobs(&choice.logprobs),
+                message: AssistantMessage {
+                    role: "assistant",
+                    content: choice.text,
+                },
+                finish_reason: choice.finish_reason.unwrap_or(api::FinishReason::Stop),
+            })
+            .collect();
+        return Ok(Json(ChatCompletion {
+            id: answer.id,
+            object: "chat.completion",
+            created: answer.created,
+            model: answer.model,
+            choices,
+            usage,
+        })
+        .into_response());
     }
+    let first = choices.next().await;
+    if let Some(Update::Failed { error, .. }) = first {
+        return Err(error);
+    }
+    let frames = choices.frames(answer, first, state.metrics().clone());
+    Ok(sse_response(frames))
 }
 
 /// What the completion, or every chunk, of one answer shares.
@@ -95,85 +106,10 @@ struct Answer {
     include_usage: bool,
 }
 
-/// One server-sent event of a streamed answer.
-#[derive(Debug)]
-enum Frame {
-    Chunk(Box<ChatCompletionChunk>),
-    Done,
-}
-
 impl Answer {
-    /// Waits for the whole generation and returns it as one completion.
-    async fn collect(
-        self,
-        mut events: impl Stream<Item = Result<Event, ApiError>> + Unpin,
-    ) -> Result<ChatCompletion, ApiError> {
-        let mut content = String::new();
-        let mut token_logprobs = Vec::new();
-        while let Some(event) = events.next().await {
-            match event? {
-                Event::Delta { text, logprobs, .. } => {
-                    content.push_str(&text);
-                    if let Some(tokenizer) = &self.tokenizer {
-                        token_logprobs.extend(logprobs::to_wire(tokenizer, &logprobs));
-                    }
-                }
-                Event::Finished {
-                    reason,
-                    usage,
-                    error,
-                } => {
-                    let finish_reason = finish_reason(reason, error)?;
-                    return Ok(ChatCompletion {
-                        id: self.id,
-                        object: "chat.completion",
-                        created: self.created,
-                        model: self.model,
-                        choices: vec![ChatChoice {
-                            index: 0,
-                            message: AssistantMessage {
-                                role: "assistant",
-                                content,
-                            },
-                            logprobs: self.tokenizer.is_some().then_some(ChoiceLogprobs {
-                                content: token_logprobs,
-                            }),
-                            finish_reason,
-                        }],
-                        usage: usage_of(usage),
-                    });
-                }
-            }
-        }
-        Err(ApiError::Internal(LOST_STREAM.into()))
-    }
-
-    /// The answer as a stream of frames; the returned stream owns `events`.
-    fn frames(
-        self,
-        events: impl Stream<Item = Result<Event, ApiError>> + Unpin + Send,
-    ) -> impl Stream<Item = Frame> + Send {
-        let first = self.choice_chunk(
-            ChunkDelta {
-                role: Some("assistant"),
-                content: Some(String::new()),
-            },
-            None,
-            None,
-        );
-        let state = Chunks {
-            pending: VecDeque::from([Frame::Chunk(Box::new(first))]),
-            answer: self,
-            events: Some(events),
-        };
-        futures::stream::unfold(state, |mut chunks| async move {
-            loop {
-                if let Some(frame) = chunks.pending.pop_front() {
-                    return Some((frame, chunks));
-                }
-                let event = chunks.events.as_mut()?.next().await;
-                chunks.on_event(event);
-            }
+    fn logprobs(&self, logprobs: &[TokenLogprob]) -> Option<ChoiceLogprobs> {
+        self.tokenizer.as_ref().map(|tokenizer| ChoiceLogprobs {
+            content: logprobs::to_wire(tokenizer, logprobs),
         })
     }
 
@@ -192,12 +128,13 @@ impl Answer {
 
     fn choice_chunk(
         &self,
+        index: usize,
         delta: ChunkDelta,
         logprobs: Option<ChoiceLogprobs>,
         finish_reason: Option<api::FinishReason>,
     ) -> ChatCompletionChunk {
         self.chunk(vec![ChunkChoice {
-            index: 0,
+            index: index as u32,
             delta,
             logprobs,
             finish_reason,
@@ -205,63 +142,51 @@ impl Answer {
     }
 }
 
-/// The state of one streamed answer: the engine's events still to read and the frames already
-/// due. `events` becomes `None` once the engine has finished (dropping it), so the stream ends
-/// when `pending` drains.
-struct Chunks<S> {
-    answer: Answer,
-    events: Option<S>,
-    pending: VecDeque<Frame>,
-}
+impl ChunkFormat for Answer {
+    type Chunk = ChatCompletionChunk;
 
-impl<S> Chunks<S> {
-    /// Queues the frames that `event` calls for; `None` means the engine dropped the request
-    /// without a final event.
-    fn on_event(&mut self, event: Option<Result<Event, ApiError>>) {
-        let answer = &self.answer;
-        let (last, usage) = match event {
-            Some(Ok(Event::Delta { text, logprobs, .. })) => {
-                // An empty delta is the detokenizer holding back part of a character or a
-                // possible stop string; only its log-probabilities are news.
-                if text.is_empty() && logprobs.is_empty() {
-                    return;
-                }
-                let logprobs = answer.tokenizer.as_ref().map(|tokenizer| ChoiceLogprobs {
-                    content: logprobs::to_wire(tokenizer, &logprobs),
-                });
-                let delta = ChunkDelta {
-                    role: None,
-                    content: Some(text),
-                };
-                let chunk = answer.choice_chunk(delta, logprobs, None);
-                self.pending.push_back(Frame::Chunk(Box::new(chunk)));
-                return;
-            }
-            Some(Ok(Event::Finished {
-                reason,
-                usage,
-                error,
-            })) => {
-                let last = match finish_reason(reason, error) {
-                    Ok(reason) => answer.choice_chunk(ChunkDelta::default(), None, Some(reason)),
-                    Err(error) => error_chunk(answer, error),
-                };
-                (last, Some(usage))
-            }
-            Some(Err(error)) => (error_chunk(answer, error), None),
-            None => (
-                error_chunk(answer, ApiError::Internal(LOST_STREAM.into())),
-                None,
-            ),
+    fn opening(&self, index: usize) -> Option<ChatCompletionChunk> {
+        let delta = ChunkDelta {
+            role: Some("assistant"),
+            content: Some(String::new()),
         };
-        self.pending.push_back(Frame::Chunk(Box::new(last)));
-        if let Some(usage) = usage.filter(|_| answer.include_usage) {
-            let mut chunk = answer.chunk(Vec::new());
-            chunk.usage = Some(Some(usage_of(usage)));
-            self.pending.push_back(Frame::Chunk(Box::new(chunk)));
+        Some(self.choice_chunk(index, delta, None, None))
+    }
+
+    fn delta(
+        &mut self,
+        index: usize,
+        text: String,
+        logprobs: &[TokenLogprob],
+    ) -> Option<ChatCompletionChunk> {
+        // An empty delta is the detokenizer holding back part of a character or a possible stop
+        // string; only its log-probabilities are news.
+        if text.is_empty() && logprobs.is_empty() {
+            return None;
         }
-        self.pending.push_back(Frame::Done);
-        self.events = None;
+        let delta = ChunkDelta {
+            role: None,
+            content: Some(text),
+        };
+        Some(self.choice_chunk(index, delta, self.logprobs(logprobs), None))
+    }
+
+    fn finished(&self, index: usize, reason: api::FinishReason) -> ChatCompletionChunk {
+        self.choice_chunk(index, ChunkDelta::default(), None, Some(reason))
+    }
+
+    fn failed(&self, index: usize, error: ErrorBody) -> ChatCompletionChunk {
+        let mut chunk = self.finished(index, api::FinishReason::Error);
+        chunk.error = Some(error);
+        chunk
+    }
+
+    fn usage(&self, usage: api::Usage) -> Option<ChatCompletionChunk> {
+        self.include_usage.then(|| {
+            let mut chunk = self.chunk(Vec::new());
+            chunk.usage = Some(Some(usage));
+            chunk
+        })
     }
 }
 
@@ -279,52 +204,7 @@ pub(crate) fn finish_reason(
     }
 }
 
-/// The chunk that ends a failed stream: `finish_reason: "error"` and the error's envelope body.
-fn error_chunk(answer: &Answer, error: ApiError) -> ChatCompletionChunk {
-    match &error {
-        ApiError::Internal(detail) => tracing::error!(detail, "stream failed"),
-        other => tracing::warn!(error = %other, "stream failed"),
-    }
-    let mut chunk =
-        answer.choice_chunk(ChunkDelta::default(), None, Some(api::FinishReason::Error));
-    chunk.error = Some(error.body());
-    chunk
-}
-
-fn sse_response(frames: impl Stream<Item = Frame> + Send + 'static) -> Response {
-    let events = frames.map(|frame| {
-        Ok::<_, Infallible>(match frame {
-            Frame::Chunk(chunk) => {
-                // Chunks hold only strings, numbers and lists, which always serialize.
-                let data = serde_json::to_string(&chunk).expect("a chunk serializes to JSON");
-                SseEvent::default().data(data)
-            }
-            Frame::Done => SseEvent::default().data("[DONE]"),
-        })
-    });
-    let mut response = Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response();
-    // Reverse proxies such as nginx buffer responses by default, which would hold tokens back
-    // until the buffer fills.
-    response
-        .headers_mut()
-        .insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response
-}
-
-fn usage_of(usage: engine::Usage) -> Usage {
-    Usage {
-        prompt_tokens: usage.prompt_tokens,
-        completion_tokens: usage.completion_tokens,
-        total_tokens: usage.prompt_tokens + usage.completion_tokens,
-        prompt_tokens_details: PromptTokensDetails {
-            cached_tokens: usage.cached_tokens,
-        },
-    }
-}
-
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -334,10 +214,13 @@ fn unix_now() -> u64 {
 mod tests {
     use std::sync::OnceLock;
 
-    use engine::TokenLogprob;
+    use engine::Event;
     use serde_json::{json, Value};
 
     use super::*;
+    use crate::http::choices::tests::{choices_of, frames_json};
+    use crate::http::choices::Collected;
+    use crate::metrics::Metrics;
     use crate::test_support::model_info;
 
     fn tokenizer() -> Arc<Tokenizer> {
@@ -375,14 +258,17 @@ mod tests {
         }
     }
 
-    /// The SSE payloads `events` turn into: chunks as JSON, then "[DONE]".
+    /// The SSE payloads `events` (of one choice) turn into: chunks as JSON, then "[DONE]".
     async fn stream(answer: Answer, events: Vec<Event>) -> Vec<Value> {
-        answer
-            .frames(futures::stream::iter(events).map(Ok))
-            .map(|frame| match frame {
-                Frame::Chunk(chunk) => serde_json::to_value(&chunk).unwrap(),
-                Frame::Done => json!("[DONE]"),
-            })
+        sent(answer, vec![events.into_iter().map(Ok).collect()]).await
+    }
+
+    async fn sent(answer: Answer, choices: Vec<Vec<Result<Event, ApiError>>>) -> Vec<Value> {
+        frames_json(choices_of(choices, 1).frames(answer, None, Metrics::new())).await
+    }
+
+    async fn collect(events: Vec<Event>) -> Result<(Vec<Collected>, api::Usage), ApiError> {
+        choices_of(vec![events.into_iter().map(Ok).collect()], 1)
             .collect()
             .await
     }
@@ -521,15 +407,14 @@ mod tests {
             delta(" world"),
             finished(FinishReason::Stop, None),
         ];
-        let completion = answer(true, false)
-            .collect(futures::stream::iter(events).map(Ok))
-            .await
-            .unwrap();
-        let choice = &completion.choices[0];
-        assert_eq!(choice.message.content, "Hello world");
-        assert_eq!(choice.finish_reason, api::FinishReason::Stop);
-        assert_eq!(choice.logprobs.as_ref().unwrap().content[0].logprob, -0.25);
-        assert_eq!(completion.usage.total_tokens, 13);
+        let (choices, usage) = collect(events).await.unwrap();
+        let choice = &choices[0];
+        assert_eq!(choice.text, "Hello world");
+        assert_eq!(choice.finish_reason, Some(api::FinishReason::Stop));
+        let wire = answer(true, false).logprobs(&choice.logprobs).unwrap();
+        assert_eq!(wire.content[0].logprob, -0.25);
+        assert_eq!(wire.content[0].token, "Hello");
+        assert_eq!(usage.total_tokens, 13);
     }
 
     #[tokio::test]
@@ -538,19 +423,13 @@ mod tests {
             delta("Hi"),
             finished(FinishReason::Error, Some("deadline exceeded")),
         ];
-        let error = answer(false, false)
-            .collect(futures::stream::iter(events).map(Ok))
-            .await
-            .unwrap_err();
+        let error = collect(events).await.unwrap_err();
         assert!(matches!(&error, ApiError::Generation(m) if m == "deadline exceeded"));
         assert_eq!(
             error.status(),
             axum::http::StatusCode::INTERNAL_SERVER_ERROR
         );
-        let error = answer(false, false)
-            .collect(futures::stream::iter(vec![delta("Hi")]).map(Ok))
-            .await
-            .unwrap_err();
+        let error = collect(vec![delta("Hi")]).await.unwrap_err();
         assert!(matches!(error, ApiError::Internal(_)));
     }
 
@@ -561,17 +440,45 @@ mod tests {
             Err(ApiError::Timeout("out of time")),
             Ok(delta("never sent")),
         ];
-        let sent: Vec<Value> = answer(false, true)
-            .frames(futures::stream::iter(events))
-            .map(|frame| match frame {
-                Frame::Chunk(chunk) => serde_json::to_value(&chunk).unwrap(),
-                Frame::Done => json!("[DONE]"),
-            })
-            .collect()
-            .await;
+        let sent = sent(answer(false, true), vec![events]).await;
         assert_eq!(sent.len(), 4, "no usage chunk: the engine never finished");
         assert_eq!(sent[2]["choices"][0]["finish_reason"], "error");
         assert_eq!(sent[2]["error"]["code"], "timeout");
         assert_eq!(sent[3], "[DONE]");
+    }
+
+    #[tokio::test]
+    async fn choices_stream_side_by_side_with_one_usage() {
+        let a = vec![Ok(delta("A")), Ok(finished(FinishReason::Stop, None))];
+        let b = vec![Ok(delta("B")), Ok(finished(FinishReason::Length, None))];
+        let sent = frames_json(choices_of(vec![a, b], 2).frames(
+            answer(false, true),
+            None,
+            Metrics::new(),
+        ))
+        .await;
+        assert_eq!(sent.len(), 8, "2 openings, 2 deltas, 2 ends, usage, [DONE]");
+        let of = |i: u64| -> Vec<&Value> {
+            sent[..6]
+                .iter()
+                .filter(|c| c["choices"][0]["index"] == i)
+                .collect()
+        };
+        for (i, text, reason) in [(0, "A", "stop"), (1, "B", "length")] {
+            let chunks = of(i);
+            assert_eq!(chunks.len(), 3);
+            assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+            assert_eq!(chunks[1]["choices"][0]["delta"]["content"], text);
+            assert_eq!(chunks[2]["choices"][0]["finish_reason"], reason);
+        }
+        assert_eq!(
+            sent[6]["usage"],
+            json!({
+                "prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16,
+                "prompt_tokens_details": {"cached_tokens": 4}
+            }),
+            "the prompt counts once, both answers' tokens count"
+        );
+        assert_eq!(sent[7], "[DONE]");
     }
 }

@@ -12,6 +12,7 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{header, HeaderMap};
 use serde::de::DeserializeOwned;
 
+use crate::api::GenerationOptions;
 use crate::error::ApiError;
 
 /// A request body parsed as JSON into `T`.
@@ -43,18 +44,32 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
         let path = e.path().to_string();
         let inner = e.into_inner();
         match inner.classify() {
-            serde_json::error::Category::Data if path != "." => {
-                ApiError::invalid(path.clone(), format!("Invalid value for '{path}': {inner}"))
-            }
-            serde_json::error::Category::Data => {
-                ApiError::invalid_request(format!("Invalid request body: {inner}"))
-            }
+            serde_json::error::Category::Data if path != "." => invalid_value(path, &inner),
+            // The fields chat and completions share are `#[serde(flatten)]`ed, which loses
+            // their path; parsed alone, they name the one at fault.
+            serde_json::error::Category::Data => match shared_field_error(body) {
+                Some((path, inner)) => invalid_value(path, &inner),
+                None => ApiError::invalid_request(format!("Invalid request body: {inner}")),
+            },
             _ => syntax_error(&inner),
         }
     })?;
     // Trailing bytes after the value make the body invalid JSON, as for any strict parser.
     deserializer.end().map_err(|e| syntax_error(&e))?;
     Ok(value)
+}
+
+fn invalid_value(path: String, inner: &serde_json::Error) -> ApiError {
+    ApiError::invalid(path.clone(), format!("Invalid value for '{path}': {inner}"))
+}
+
+/// The path and error of a wrong [`GenerationOptions`] field in `body`, if there is one.
+fn shared_field_error(body: &[u8]) -> Option<(String, serde_json::Error)> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let error =
+        serde_path_to_error::deserialize::<_, GenerationOptions>(&mut deserializer).err()?;
+    let path = error.path().to_string();
+    (path != ".").then(|| (path, error.into_inner()))
 }
 
 fn syntax_error(e: &serde_json::Error) -> ApiError {

@@ -4,9 +4,12 @@
 //! [`ApiError`] for every failure and never build an error response themselves.
 
 pub mod chat;
+pub mod choices;
+pub mod completions;
 pub mod embeddings;
 pub mod health;
 pub mod json;
+pub mod models;
 
 use axum::http::{Method, Uri};
 

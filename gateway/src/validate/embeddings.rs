@@ -8,9 +8,10 @@
 //! `dimensions`, when given, is the model's own. An input longer than the model reads is not
 //! refused: like sentence-transformers, the embedder keeps its first word pieces.
 
-use crate::api::embeddings::{EmbeddingInput, EmbeddingRequest};
+use crate::api::embeddings::EmbeddingRequest;
+use crate::api::TextInput;
 use crate::error::ApiError;
-use crate::validate::DEFAULT_MODEL_ALIAS;
+use crate::validate::check_model;
 
 /// Most inputs in one request. Far below OpenAI's 2048: every input is computed on the CPU, and
 /// a request holds the embedder until all of its inputs are done.
@@ -40,22 +41,18 @@ pub fn validate_embeddings(
     model_id: &str,
     dimensions: usize,
 ) -> Result<ValidEmbeddingRequest, ApiError> {
-    if let Some(name) = &request.model {
-        if name != model_id && name != DEFAULT_MODEL_ALIAS {
-            return Err(ApiError::ModelNotFound(name.clone()));
-        }
-    }
+    let model = check_model(request.model.as_deref(), model_id)?;
     let inputs = match request.input {
         None => return Err(ApiError::invalid("input", "input is required")),
-        Some(EmbeddingInput::Text(text)) if text.is_empty() => {
+        Some(TextInput::Text(text)) if text.is_empty() => {
             return Err(ApiError::invalid(
                 "input",
                 "input must not be an empty string",
             ))
         }
-        Some(EmbeddingInput::Text(text)) => vec![text],
-        Some(EmbeddingInput::Texts(texts)) => texts,
-        Some(EmbeddingInput::Tokens(_) | EmbeddingInput::TokenLists(_)) => {
+        Some(TextInput::Text(text)) => vec![text],
+        Some(TextInput::Texts(texts)) => texts,
+        Some(TextInput::Tokens(_) | TextInput::TokenLists(_)) => {
             return Err(ApiError::invalid(
                 "input",
                 "token ids are not supported for embeddings: send the text",
@@ -104,7 +101,7 @@ pub fn validate_embeddings(
         }
     }
     Ok(ValidEmbeddingRequest {
-        model: model_id.to_owned(),
+        model,
         inputs,
         encoding_format,
     })

@@ -1,0 +1,192 @@
+//! `POST /v1/completions`: OpenAI's legacy text completions, on the same engine path as chat
+//! ([`Choices`]) but with the raw prompt, `echo`, and the older `logprobs` arrays.
+//!
+//! Every prompt gets `n` answers; choice `i * n + j` is answer `j` to prompt `i`. With `echo`,
+//! each choice's text starts with its prompt (streamed: as the choice's first chunk). Token text
+//! offsets in `logprobs` count characters of the choice's whole text, echo included, and run on
+//! across a stream's chunks.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use engine::TokenLogprob;
+use tokenizers::Tokenizer;
+
+use crate::api::completions::{
+    Completion, CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionRequest,
+};
+use crate::api::{self, ErrorBody};
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::http::chat::unix_now;
+use crate::http::choices::{sse_response, Choices, ChunkFormat, Update};
+use crate::http::json::ApiJson;
+use crate::limits::Admission;
+use crate::logprobs::Legacy;
+use crate::validate::completion::{validate_completion, ValidCompletionRequest};
+
+pub async fn create(
+    State(state): State<AppState>,
+    admission: Admission,
+    ApiJson(request): ApiJson<CompletionRequest>,
+) -> Result<Response, ApiError> {
+    let engine = state.engine();
+    let ValidCompletionRequest {
+        model,
+        prompts,
+        n,
+        stream,
+        include_usage,
+        echo,
+        logprobs,
+    } = validate_completion(request, engine.model())?;
+    let echoed: Vec<String> = prompts
+        .iter()
+        .map(|p| if echo { p.text.clone() } else { String::new() })
+        .collect();
+    let requests = prompts
+        .into_iter()
+        .map(|p| (p.tokens, p.generate))
+        .collect();
+    let mut choices = Choices::submit(&state, &admission, requests, n).await?;
+    let mut answer = TextAnswer {
+        id: format!("cmpl-{}", uuid::Uuid::new_v4().simple()),
+        created: unix_now(),
+        model,
+        tokenizer: logprobs.map(|_| engine.model().tokenizer.clone()),
+        include_usage,
+        offsets: (0..choices.count())
+            .map(|i| echoed[i / n].chars().count())
+            .collect(),
+        echoed,
+        n,
+    };
+    if !stream {
+        let (collected, usage) = choices.collect().await?;
+        let choices = collected
+            .into_iter()
+            .enumerate()
+            .map(|(index, choice)| CompletionChoice {
+                index: index as u32,
+                logprobs: answer.logprobs(index, &choice.logprobs),
+                text: answer.echo_of(index).to_owned() + &choice.text,
+                finish_reason: Some(choice.finish_reason.unwrap_or(api::FinishReason::Stop)),
+            })
+            .collect();
+        return Ok(Json(Completion {
+            id: answer.id,
+            object: "text_completion",
+            created: answer.created,
+            model: answer.model,
+            choices,
+            usage,
+        })
+        .into_response());
+    }
+    let first = choices.next().await;
+    if let Some(Update::Failed { error, .. }) = first {
+        return Err(error);
+    }
+    let frames = choices.frames(answer, first, state.metrics().clone());
+    Ok(sse_response(frames))
+}
+
+/// What the completion, or every chunk, of one answer shares.
+struct TextAnswer {
+    id: String,
+    created: u64,
+    model: String,
+    /// Set when the client asked for log-probabilities.
+    tokenizer: Option<Arc<Tokenizer>>,
+    include_usage: bool,
+    /// Per prompt: the text each of its choices starts with (empty without `echo`).
+    echoed: Vec<String>,
+    n: usize,
+    /// Per choice: characters of its text so far.
+    offsets: Vec<usize>,
+}
+
+impl TextAnswer {
+    fn echo_of(&self, index: usize) -> &str {
+        &self.echoed[index / self.n]
+    }
+
+    /// Choice `index`'s legacy `logprobs` for `logprobs`, advancing its text offset.
+    fn logprobs(&mut self, index: usize, logprobs: &[TokenLogprob]) -> Option<CompletionLogprobs> {
+        let tokenizer = self.tokenizer.as_ref()?;
+        let mut out = CompletionLogprobs::default();
+        let mut legacy = Legacy::new(tokenizer, self.offsets[index]);
+        legacy.extend(&mut out, logprobs);
+        self.offsets[index] = legacy.offset();
+        Some(out)
+    }
+
+    fn chunk(&self, choices: Vec<CompletionChoice>) -> CompletionChunk {
+        CompletionChunk {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage: self.include_usage.then_some(None),
+            error: None,
+        }
+    }
+
+    fn choice_chunk(
+        &self,
+        index: usize,
+        text: String,
+        logprobs: Option<CompletionLogprobs>,
+        finish_reason: Option<api::FinishReason>,
+    ) -> CompletionChunk {
+        self.chunk(vec![CompletionChoice {
+            index: index as u32,
+            text,
+            logprobs,
+            finish_reason,
+        }])
+    }
+}
+
+impl ChunkFormat for TextAnswer {
+    type Chunk = CompletionChunk;
+
+    fn opening(&self, index: usize) -> Option<CompletionChunk> {
+        let echo = self.echo_of(index);
+        (!echo.is_empty()).then(|| self.choice_chunk(index, echo.to_owned(), None, None))
+    }
+
+    fn delta(
+        &mut self,
+        index: usize,
+        text: String,
+        logprobs: &[TokenLogprob],
+    ) -> Option<CompletionChunk> {
+        if text.is_empty() && logprobs.is_empty() {
+            return None;
+        }
+        let logprobs = self.logprobs(index, logprobs);
+        Some(self.choice_chunk(index, text, logprobs, None))
+    }
+
+    fn finished(&self, index: usize, reason: api::FinishReason) -> CompletionChunk {
+        self.choice_chunk(index, String::new(), None, Some(reason))
+    }
+
+    fn failed(&self, index: usize, error: ErrorBody) -> CompletionChunk {
+        let mut chunk = self.finished(index, api::FinishReason::Error);
+        chunk.error = Some(error);
+        chunk
+    }
+
+    fn usage(&self, usage: api::Usage) -> Option<CompletionChunk> {
+        self.include_usage.then(|| {
+            let mut chunk = self.chunk(Vec::new());
+            chunk.usage = Some(Some(usage));
+            chunk
+        })
+    }
+}

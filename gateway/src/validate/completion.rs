@@ -1,0 +1,247 @@
+//! Turns a wire [`CompletionRequest`] into a [`ValidCompletionRequest`] by the rules the module
+//! above states for every generation, plus the legacy endpoint's own: `prompt` is required and
+//! non-empty (a text, texts, token ids or lists of them, each id in the vocabulary); prompts
+//! times `n` at most [`MAX_CHOICES`]; `logprobs` in 0..=20; `suffix` (fill-in-the-middle) is
+//! refused; `best_of`, when given, equals `n`.
+//!
+//! The prompt is raw text: no chat template, as OpenAI's completions endpoint does.
+
+use engine::{GenerateRequest, ModelInfo};
+
+use super::{check_model, tokenize, Options, MAX_CHOICES, MAX_TOP_LOGPROBS};
+use crate::api::completions::CompletionRequest;
+use crate::api::TextInput;
+use crate::error::ApiError;
+
+/// A text completion request that passed validation.
+#[derive(Clone, Debug)]
+pub struct ValidCompletionRequest {
+    /// The served model's id.
+    pub model: String,
+    /// The prompts, in request order; each is answered `n` times.
+    pub prompts: Vec<ValidPrompt>,
+    pub n: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Put each prompt in front of its answers.
+    pub echo: bool,
+    /// `Some(n)`: report each token's log-probability and its `n` likeliest alternatives.
+    pub logprobs: Option<usize>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ValidPrompt {
+    /// The prompt as text (decoded, when it came as token ids), for `echo`.
+    pub text: String,
+    pub tokens: usize,
+    /// The engine request; its prompt is the token ids.
+    pub generate: GenerateRequest,
+}
+
+/// Checks `request` against the served model.
+pub fn validate_completion(
+    request: CompletionRequest,
+    model: &ModelInfo,
+) -> Result<ValidCompletionRequest, ApiError> {
+    let model_id = check_model(request.model.as_deref(), &model.id)?;
+    let logprobs = match request.logprobs {
+        None => None,
+        Some(n) if (0..=MAX_TOP_LOGPROBS as i64).contains(&n) => Some(n as usize),
+        Some(n) => {
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!("logprobs must be between 0 and {MAX_TOP_LOGPROBS}; got {n}"),
+            ))
+        }
+    };
+    if request.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid(
+            "suffix",
+            "suffix is not supported: this server does not fill in the middle",
+        ));
+    }
+    let max_tokens = request.options.max_tokens.map(|n| ("max_tokens", n));
+    let options = Options::new(request.options, max_tokens)?;
+    if let Some(best_of) = request.best_of.filter(|&b| b != options.n as i64) {
+        return Err(ApiError::invalid(
+            "best_of",
+            format!(
+                "best_of must equal n ({}) on this server; got {best_of}",
+                options.n
+            ),
+        ));
+    }
+    let texts = prompts(request.prompt, model)?;
+    if texts.len() * options.n > MAX_CHOICES {
+        return Err(ApiError::invalid(
+            "n",
+            format!(
+                "{} prompts times n={} is more than the {MAX_CHOICES} answers one request may ask for",
+                texts.len(),
+                options.n
+            ),
+        ));
+    }
+    let prompts = texts
+        .into_iter()
+        .map(|(text, tokens)| {
+            let count = tokens.len();
+            let mut generate = options.generate(model, tokens, "prompt")?;
+            generate.logprobs = logprobs;
+            Ok(ValidPrompt {
+                text,
+                tokens: count,
+                generate,
+            })
+        })
+        .collect::<Result<_, ApiError>>()?;
+    Ok(ValidCompletionRequest {
+        model: model_id,
+        prompts,
+        n: options.n,
+        stream: options.stream,
+        include_usage: options.include_usage,
+        echo: request.echo.unwrap_or(false),
+        logprobs,
+    })
+}
+
+/// Each prompt as text and token ids.
+fn prompts(
+    prompt: Option<TextInput>,
+    model: &ModelInfo,
+) -> Result<Vec<(String, Vec<u32>)>, ApiError> {
+    let prompts = match prompt {
+        None => return Err(ApiError::invalid("prompt", "prompt is required")),
+        Some(TextInput::Text(text)) => vec![Ok(text)],
+        Some(TextInput::Texts(texts)) => texts.into_iter().map(Ok).collect(),
+        Some(TextInput::Tokens(ids)) => vec![Err(ids)],
+        Some(TextInput::TokenLists(lists)) => lists.into_iter().map(Err).collect(),
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::invalid(
+            "prompt",
+            "prompt must not be an empty list",
+        ));
+    }
+    let vocab = model.tokenizer.get_vocab_size(true) as i64;
+    prompts
+        .into_iter()
+        .map(|prompt| {
+            let (text, tokens) = match prompt {
+                Ok(text) => {
+                    let tokens = tokenize(model, &text)?;
+                    (text, tokens)
+                }
+                Err(ids) => {
+                    if let Some(bad) = ids.iter().find(|&&id| !(0..vocab).contains(&id)) {
+                        return Err(ApiError::invalid(
+                            "prompt",
+                            format!("token id {bad} is not in the model's vocabulary"),
+                        ));
+                    }
+                    let tokens: Vec<u32> = ids.into_iter().map(|id| id as u32).collect();
+                    let text = model
+                        .tokenizer
+                        .decode(&tokens, false)
+                        .map_err(|e| ApiError::Internal(format!("decoding the prompt: {e}")))?;
+                    (text, tokens)
+                }
+            };
+            if tokens.is_empty() {
+                return Err(ApiError::invalid("prompt", "prompt must not be empty"));
+            }
+            Ok((text, tokens))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::OnceLock;
+
+    use engine::Prompt;
+    use serde_json::json;
+
+    use super::*;
+    use crate::test_support::{model_info, MODEL_ID};
+
+    fn model() -> &'static ModelInfo {
+        static MODEL: OnceLock<ModelInfo> = OnceLock::new();
+        MODEL.get_or_init(|| model_info(256))
+    }
+
+    fn validate(body: serde_json::Value) -> Result<ValidCompletionRequest, ApiError> {
+        validate_completion(
+            serde_json::from_value(body).expect("a wire request"),
+            model(),
+        )
+    }
+
+    fn rejected_param(body: serde_json::Value) -> String {
+        match validate(body.clone()) {
+            Err(e @ ApiError::InvalidRequest { .. }) => {
+                e.body().param.expect("a 400 names its field")
+            }
+            other => panic!("{body}: expected a 400, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_prompt_shape_is_read() {
+        let text =
+            validate(json!({"prompt": "The capital of France is", "max_tokens": 4})).unwrap();
+        assert_eq!(text.model, MODEL_ID);
+        assert_eq!(text.prompts.len(), 1);
+        let prompt = &text.prompts[0];
+        let Prompt::Tokens(ids) = &prompt.generate.prompt else {
+            panic!("prompts reach the engine as tokens");
+        };
+        assert_eq!(ids.len(), prompt.tokens);
+        assert_eq!(prompt.generate.max_tokens, 4);
+
+        let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+        let tokens = validate(json!({"prompt": ids, "max_tokens": 4})).unwrap();
+        assert_eq!(
+            tokens.prompts[0].text, "The capital of France is",
+            "ids decode for echo"
+        );
+
+        let several = validate(json!({"prompt": ["a b", "c"], "n": 3, "echo": true})).unwrap();
+        assert_eq!((several.prompts.len(), several.n), (2, 3));
+        assert!(several.echo);
+        let lists = validate(json!({"prompt": [[1, 2], [3]], "logprobs": 2})).unwrap();
+        assert_eq!(lists.prompts.len(), 2);
+        assert_eq!(lists.logprobs, Some(2));
+        assert_eq!(lists.prompts[1].generate.logprobs, Some(2));
+    }
+
+    #[test]
+    fn refusals_name_their_field() {
+        for (body, param) in [
+            (json!({}), "prompt"),
+            (json!({"prompt": ""}), "prompt"),
+            (json!({"prompt": []}), "prompt"),
+            (json!({"prompt": [49152]}), "prompt"),
+            (json!({"prompt": [-1]}), "prompt"),
+            (json!({"prompt": "a", "logprobs": 21}), "logprobs"),
+            (json!({"prompt": "a", "suffix": "b"}), "suffix"),
+            (json!({"prompt": "a", "n": 2, "best_of": 3}), "best_of"),
+            (json!({"prompt": ["a", "b"], "n": 9}), "n"),
+            (json!({"prompt": "a", "n": 17}), "n"),
+            (json!({"prompt": "a", "max_tokens": 0}), "max_tokens"),
+            (json!({"prompt": "a", "max_tokens": 1000}), "max_tokens"),
+            (json!({"prompt": "a", "temperature": 3}), "temperature"),
+            (
+                json!({"prompt": "a", "stream_options": {}}),
+                "stream_options",
+            ),
+        ] {
+            assert_eq!(rejected_param(body.clone()), param, "{body}");
+        }
+        assert!(matches!(
+            validate(json!({"prompt": "a", "model": "gpt-4"})),
+            Err(ApiError::ModelNotFound(_))
+        ));
+    }
+}

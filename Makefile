@@ -3,7 +3,7 @@ CARGO ?= cargo
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: models services build run test fmt lint bench clean
+.PHONY: models services build run test sdk-test fmt lint bench clean
 
 models:
 	@scripts/fetch-models.sh
@@ -19,6 +19,11 @@ run: models build
 
 test: models services
 	$(CARGO) test --workspace --all-targets
+	@CARGO="$(CARGO)" scripts/sdk-tests.sh
+
+# The real-client suite alone: the official OpenAI Python SDK against `swarmgate serve`.
+sdk-test: models
+	@CARGO="$(CARGO)" scripts/sdk-tests.sh
 
 fmt:
 	$(CARGO) fmt --all

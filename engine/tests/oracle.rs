@@ -16,7 +16,7 @@ use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
 use engine::kv_cache::{BlockId, KvStorage};
 use engine::model::tokenizer::tokenizer_from_gguf;
-use engine::model::{ForwardBatch, Gguf, Llama};
+use engine::model::{ForwardBatch, Gguf, Llama, Logits};
 use engine::{ChatMessage, ChatTemplate};
 
 const TOLERANCE: f32 = 2e-3;
@@ -102,8 +102,12 @@ impl Ours {
     /// Logits at every position of `tokens`, run as one sequence in blocks `first_block..`.
     fn all_logits(&mut self, tokens: &[u32], first_block: u32) -> Vec<Vec<f32>> {
         let mut batch = ForwardBatch::default();
-        batch.push(tokens, 0, blocks(first_block, tokens.len() + 40), true);
-        batch.logits_rows = (0..tokens.len() as u32).collect();
+        batch.push(
+            tokens,
+            0,
+            blocks(first_block, tokens.len() + 40),
+            Logits::Every,
+        );
         self.model
             .forward(&batch, &mut self.kv)
             .unwrap()
@@ -114,7 +118,7 @@ impl Ours {
     fn greedy(&mut self, prompt: &[u32], n: usize, first_block: u32) -> Vec<u32> {
         let table = blocks(first_block, prompt.len() + n);
         let mut batch = ForwardBatch::default();
-        batch.push(prompt, 0, table.clone(), true);
+        batch.push(prompt, 0, table.clone(), Logits::Last);
         let mut logits: Vec<Vec<f32>> = self
             .model
             .forward(&batch, &mut self.kv)
@@ -126,7 +130,7 @@ impl Ours {
             let tok = argmax(&logits[0]);
             out.push(tok);
             let mut batch = ForwardBatch::default();
-            batch.push(&[tok], prompt.len() + i, table.clone(), true);
+            batch.push(&[tok], prompt.len() + i, table.clone(), Logits::Last);
             logits = self
                 .model
                 .forward(&batch, &mut self.kv)
@@ -214,9 +218,8 @@ fn ragged_batch_equals_sequences_alone() {
     for p in &prompts {
         let table = blocks(next_block, p.len());
         next_block += table.len() as u32;
-        batch.push(p, 0, table, true);
+        batch.push(p, 0, table, Logits::Every);
     }
-    batch.logits_rows = (0..batch.tokens.len() as u32).collect();
     let together: Vec<Vec<f32>> = ours
         .model
         .forward(&batch, &mut ours.kv)

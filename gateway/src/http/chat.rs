@@ -118,6 +118,8 @@ impl Answer {
                         token_logprobs.extend(logprobs::to_wire(tokenizer, &logprobs));
                     }
                 }
+                // Chat never asks for the prompt's log-probabilities.
+                Event::PromptLogprobs(_) => {}
                 Event::Finished {
                     reason,
                     usage,
@@ -237,6 +239,7 @@ impl<S> Chunks<S> {
                 self.pending.push_back(Frame::Chunk(Box::new(chunk)));
                 return;
             }
+            Some(Ok(Event::PromptLogprobs(_))) => return,
             Some(Ok(Event::Finished {
                 reason,
                 usage,

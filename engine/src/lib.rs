@@ -3,7 +3,8 @@
 //!
 //! The pieces, from the outside in:
 //! - [`EngineHandle`] is the cloneable front door: [`EngineHandle::submit`] validates a
-//!   [`GenerateRequest`] and returns an [`EventStream`] of text deltas and one final event.
+//!   [`GenerateRequest`] and returns an [`EventStream`] of text deltas and one final event
+//!   (preceded, when asked for, by the prompt's log-probabilities).
 //!   Dropping the stream cancels the request.
 //! - [`worker`] runs the loop on its own thread: plan a step, run the model, sample, send events.
 //! - [`scheduler`] decides each step's batch (decodes first, then chunked prefills, then
@@ -324,7 +325,8 @@ impl Drop for PrefixPin {
     }
 }
 
-/// The events of one request: deltas, then one `Finished`. Dropping it cancels the request.
+/// The events of one request, in the order [`Event`] states: the prompt's log-probabilities when
+/// asked for, deltas, then one `Finished`. Dropping it cancels the request.
 pub struct EventStream {
     id: RequestId,
     prompt_tokens: usize,

@@ -107,6 +107,11 @@ pub struct GenerateRequest {
     /// `Some(n)`: report each generated token's log-probability and the `n` most likely
     /// alternatives (n may be 0).
     pub logprobs: Option<usize>,
+    /// `Some(n)`: report each prompt token's log-probability (given the tokens before it) and the
+    /// `n` most likely alternatives at its position, in one [`Event::PromptLogprobs`]. The prompt
+    /// is then computed in full: the prefix cache holds keys and values, not logits, so such a
+    /// request takes no prefix-cache hit (it still leaves its blocks there for others).
+    pub prompt_logprobs: Option<usize>,
     /// Higher runs first; equal priorities are served first come, first served. When memory runs
     /// out, the newest sequence of the lowest priority is preempted.
     pub priority: i32,
@@ -140,6 +145,7 @@ impl GenerateRequest {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            prompt_logprobs: None,
             priority: 0,
             deadline: None,
             response_format: ResponseFormat::Text,
@@ -148,14 +154,16 @@ impl GenerateRequest {
     }
 }
 
-/// The log-probability of one generated token and of its most likely alternatives.
+/// The log-probability of one token (generated, or of the prompt) and of its most likely
+/// alternatives.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenLogprob {
     pub token: u32,
     pub logprob: f32,
     /// The most likely tokens at this position, most likely first.
     pub top: Vec<(u32, f32)>,
-    /// The log-probabilities of the request's `score_tokens` at this position, in their order.
+    /// The log-probabilities of the request's `score_tokens` at this position, in their order
+    /// (generated tokens only; empty for prompt tokens).
     pub scored: Vec<(u32, f32)>,
 }
 
@@ -193,10 +201,14 @@ pub struct Usage {
     pub cached_tokens: usize,
 }
 
-/// What the engine sends back for a request, in order: any number of `Delta`s, then exactly one
-/// `Finished`.
+/// What the engine sends back for a request, in order: when the request asked for
+/// `prompt_logprobs`, one `PromptLogprobs` once its prompt is computed (before any `Delta`; none
+/// if it ends before that), then any number of `Delta`s, then exactly one `Finished`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
+    /// The prompt's tokens scored, from the second on (the first has nothing before it): entry
+    /// `i` is prompt token `i + 1` given tokens `0..=i`, so there are `prompt_tokens - 1`.
+    PromptLogprobs(Vec<TokenLogprob>),
     /// New tokens, and the text that became final with them. The text can be empty (a UTF-8
     /// character or a possible stop string still incomplete) and can be released by a later
     /// delta.

@@ -7,7 +7,8 @@
 //! from its `seed`, so its tokens never depend on what else shares the batch.
 //!
 //! Log-probabilities are those of the model's distribution (log-softmax of the raw logits), as
-//! OpenAI reports them, not of the filtered distribution that was sampled.
+//! OpenAI reports them, not of the filtered distribution that was sampled. A prompt token is
+//! scored by the same code ([`logprob_at`]) from the logits at the position before it.
 //!
 //! With a [`JsonObject`] constraint, a candidate the constraint refuses is masked out and the
 //! choice made again (same rule, the generator's next draw), so the cost stays a few checks per
@@ -92,14 +93,12 @@ impl Sampler {
         };
         *self.output_counts.entry(token).or_insert(0) += 1;
         let logprob = logprob_of.map(|(lp, n)| TokenLogprob {
-            token,
-            logprob: lp[token as usize],
-            top: top_n(&lp, n),
             scored: self
                 .score_tokens
                 .iter()
                 .map(|&t| (t, lp.get(t as usize).copied().unwrap_or(f32::NEG_INFINITY)))
                 .collect(),
+            ..token_logprob(&lp, token, n)
         });
         Sampled { token, logprob }
     }
@@ -206,11 +205,38 @@ pub fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
+/// The log-probability of `token`, and the `top` most likely tokens, under the model's
+/// distribution at one position: what a prompt token is scored with, given the logits at the
+/// position before it. `logits` is overwritten with its log-softmax, so that a caller done with
+/// the row pays for no copy of the vocabulary.
+pub fn logprob_at(logits: &mut [f32], token: u32, top: usize) -> TokenLogprob {
+    log_softmax_in_place(logits);
+    token_logprob(logits, token, top)
+}
+
+/// The entry for `token` given log-probabilities `lp`; nothing is scored.
+fn token_logprob(lp: &[f32], token: u32, top: usize) -> TokenLogprob {
+    TokenLogprob {
+        token,
+        logprob: lp[token as usize],
+        top: top_n(lp, top),
+        scored: Vec::new(),
+    }
+}
+
 fn log_softmax(logits: &[f32]) -> Vec<f32> {
+    let mut lp = logits.to_vec();
+    log_softmax_in_place(&mut lp);
+    lp
+}
+
+fn log_softmax_in_place(logits: &mut [f32]) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
     let log_z = max + sum.ln();
-    logits.iter().map(|&l| l - log_z).collect()
+    for l in logits.iter_mut() {
+        *l -= log_z;
+    }
 }
 
 /// The `n` largest entries of `values`, largest first (lowest index first among equals).
@@ -368,6 +394,16 @@ mod tests {
         let expect = log_softmax(&logits());
         assert!(lp.top.is_empty());
         assert_eq!(lp.scored, vec![(5, expect[5]), (2, expect[2])]);
+    }
+
+    #[test]
+    fn a_prompt_token_gets_what_a_sampled_one_would() {
+        let mut s = Sampler::new(SamplingParams::greedy(), Some(3), &[]);
+        let sampled = s.sample(&mut logits()).logprob.unwrap();
+        assert_eq!(logprob_at(&mut logits(), 1, 3), sampled);
+        let other = logprob_at(&mut logits(), 5, 0);
+        assert_eq!(other.logprob, log_softmax(&logits())[5]);
+        assert!(other.top.is_empty() && other.scored.is_empty());
     }
 
     #[test]

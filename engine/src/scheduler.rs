@@ -14,14 +14,15 @@
 //!    never skipped, so a large request cannot be starved by small ones.
 //!
 //! Admission first reuses every leading block the prefix cache holds (device or host tier), so
-//! only the rest of the prompt is computed.
+//! only the rest of the prompt is computed; except for a sequence scoring its prompt, which needs
+//! the logits of every prompt position and so computes them all (its chunks ask for every row).
 //!
 //! When a decoding sequence needs a block and none can be had, the newest sequence of the lowest
 //! priority that is not yet scheduled this step is preempted: its blocks are swapped out to the
 //! host tier (or, when the host tier is full, dropped, to be recomputed from its tokens) and it
 //! goes back to the waiting queue; admission swaps it back in.
 
-use crate::kv_cache::{BlockId, KvManager};
+use crate::kv_cache::{BlockId, KvManager, PrefixHit};
 use crate::request::RequestId;
 use crate::sequence::Sequence;
 
@@ -48,6 +49,9 @@ pub struct PlanItem {
     pub sample: bool,
     /// A decode step (one token after the previous one was sampled), not a prefill chunk.
     pub decode: bool,
+    /// A prompt chunk of a sequence scoring its prompt: every token's logits are wanted, not
+    /// only the last one's.
+    pub prompt_logprobs: bool,
 }
 
 #[derive(Debug, Default)]
@@ -258,7 +262,11 @@ impl Scheduler {
                     break;
                 }
             } else if seq.num_computed() == 0 {
-                lookup = Some(seq.reuse_prefix());
+                // A sequence scoring its prompt looks nothing up: no cache holds logits.
+                lookup = Some(match seq.wants_prompt_logprobs() {
+                    true => PrefixHit::default(),
+                    false => seq.reuse_prefix(),
+                });
             }
             let n = self.fit(&seq, seq.num_pending().min(*budget), reserve);
             if n == 0 {
@@ -271,7 +279,9 @@ impl Scheduler {
             let grown = seq.blocks.grow_to(self.blocks_for(seq.num_computed() + n));
             debug_assert!(grown, "fit() checked the available blocks");
             if let Some(hit) = lookup {
-                self.kv.count_prefix_lookup(seq.tokens().len(), hit);
+                if !seq.wants_prompt_logprobs() {
+                    self.kv.count_prefix_lookup(seq.tokens().len(), hit);
+                }
                 seq.admitted_with(hit);
             }
             let decode = seq.is_decoding();
@@ -303,6 +313,7 @@ impl Scheduler {
             blocks: seq.blocks.blocks().to_vec(),
             sample: pos0 + n == seq.tokens().len(),
             decode,
+            prompt_logprobs: seq.wants_prompt_logprobs(),
         });
     }
 
@@ -558,9 +569,48 @@ mod tests {
         s.check_invariants().unwrap();
     }
 
+    #[test]
+    fn a_sequence_wanting_prompt_logprobs_computes_its_whole_prompt_once() {
+        let mut s = scheduler_with(16, 4, 0, true);
+        let prompt: Vec<u32> = (0..9).collect();
+        s.add(seq_with(&s, 1, prompt.clone(), 0));
+        while !step(&mut s).items[0].sample {}
+        s.remove(RequestId(1));
+        let looked_up = s.kv().counters().prefix_query_tokens;
+        s.add(seq_with(&s, 2, prompt, 0).with_prompt_logprobs());
+        // The cached blocks are not taken: every chunk, from position 0, wants every row.
+        for (pos0, len) in [(0, 4), (4, 4), (8, 1)] {
+            let plan = step(&mut s);
+            let item = &plan.items[0];
+            assert_eq!((item.pos0, item.tokens.len()), (pos0, len));
+            assert!(item.prompt_logprobs);
+            assert_eq!(item.sample, pos0 == 8);
+        }
+        assert_eq!(s.get(RequestId(2)).unwrap().cached_tokens(), 0);
+        assert_eq!(
+            s.kv().counters().prefix_query_tokens,
+            looked_up,
+            "no lookup was made"
+        );
+        assert!(
+            !step(&mut s).items[0].prompt_logprobs,
+            "decodes score nothing"
+        );
+        // Recomputed after preemption, the prompt is not scored again, and the cache serves it.
+        s.preempt(RequestId(2));
+        let plan = step(&mut s);
+        assert_eq!(plan.items[0].pos0, 8);
+        assert!(!plan.items[0].prompt_logprobs);
+        s.check_invariants().unwrap();
+    }
+
     #[derive(Clone, Debug)]
     enum Op {
-        Add { prompt: usize, priority: i32 },
+        Add {
+            prompt: usize,
+            priority: i32,
+            prompt_logprobs: bool,
+        },
         Step,
         Finish(usize),
         Cancel(usize),
@@ -569,7 +619,15 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            (1usize..40, -1i32..2).prop_map(|(prompt, priority)| Op::Add { prompt, priority }),
+            (1usize..40, -1i32..2, any::<bool>()).prop_map(
+                |(prompt, priority, prompt_logprobs)| {
+                    Op::Add {
+                        prompt,
+                        priority,
+                        prompt_logprobs,
+                    }
+                }
+            ),
             Just(Op::Step),
             Just(Op::Step),
             Just(Op::Step),
@@ -593,7 +651,7 @@ mod tests {
             let mut next = 0;
             for op in ops {
                 match op {
-                    Op::Add { prompt, priority } => {
+                    Op::Add { prompt, priority, prompt_logprobs } => {
                         // Prompts that can never fit are rejected before they reach the scheduler.
                         if prompt.div_ceil(4) < blocks {
                             next += 1;
@@ -601,7 +659,8 @@ mod tests {
                             let tokens = (0..prompt as u32)
                                 .map(|t| if next % 2 == 0 && t < 12 { t } else { t + 1000 * next as u32 })
                                 .collect();
-                            s.add(seq_with(&s, next, tokens, priority));
+                            let seq = seq_with(&s, next, tokens, priority);
+                            s.add(if prompt_logprobs { seq.with_prompt_logprobs() } else { seq });
                         }
                     }
                     Op::Step => {

@@ -21,6 +21,10 @@ pub struct Sequence {
     pub swapped: Option<SwappedBlocks>,
     /// Prompt tokens served from the prefix cache at first admission.
     cached_tokens: Option<usize>,
+    /// Its prompt is being scored (prompt log-probabilities): every prompt position needs its
+    /// logits, so none may come from the prefix cache. Cleared once the whole prompt has been
+    /// computed, so that a recompute after preemption is an ordinary prefill.
+    prompt_logprobs: bool,
     pub priority: i32,
     /// Admission order: earlier arrivals of a priority class run first.
     pub arrival: u64,
@@ -45,9 +49,21 @@ impl Sequence {
             blocks,
             swapped: None,
             cached_tokens: None,
+            prompt_logprobs: false,
             priority,
             arrival,
         }
+    }
+
+    /// The same sequence, with its prompt to be scored.
+    pub fn with_prompt_logprobs(mut self) -> Self {
+        self.prompt_logprobs = true;
+        self
+    }
+
+    /// Whether its prompt chunks need logits at every position.
+    pub fn wants_prompt_logprobs(&self) -> bool {
+        self.prompt_logprobs
     }
 
     pub fn key(&self) -> OrderKey {
@@ -78,6 +94,10 @@ impl Sequence {
     /// Takes what the prefix cache holds of this sequence's tokens, as already computed.
     pub(crate) fn reuse_prefix(&mut self) -> PrefixHit {
         debug_assert_eq!(self.num_computed, 0);
+        debug_assert!(
+            !self.prompt_logprobs,
+            "cached positions have no logits to score"
+        );
         let hit = self.blocks.attach_prefix(&self.tokens);
         self.num_computed = hit.tokens();
         hit
@@ -105,6 +125,9 @@ impl Sequence {
     pub(crate) fn advance(&mut self, n: usize) {
         self.num_computed += n;
         debug_assert!(self.num_computed <= self.tokens.len());
+        if self.num_computed >= self.prompt_len {
+            self.prompt_logprobs = false;
+        }
         self.blocks.register_full(&self.tokens, self.num_computed);
     }
 

@@ -7,7 +7,14 @@
 //! step and its blocks freed; one past its deadline ends with an error event.
 //!
 //! A step: schedule, run the copies between the KV tiers that scheduling queued (swaps, host-tier
-//! prefix hits, evictions to the host) in one batch, run the forward pass, sample.
+//! prefix hits, evictions to the host) in one batch, run the forward pass, score prompt tokens,
+//! sample.
+//!
+//! Prompt log-probabilities are computed chunk by chunk: a chunk of a sequence scoring its prompt
+//! returns logits for every token, and its rows are reduced to entries (the token after each
+//! position, and the top alternatives) and dropped in the step that made them, so the logits
+//! held never exceed one step's token budget however long the prompt. The entries go out in one
+//! event when the last chunk has run, before the first sampled token.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -20,10 +27,12 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::constraint::{JsonObject, TokenBytes};
 use crate::kv_cache::{BlockKey, HostStore, KvConfig, KvCounters, KvGauges, KvManager, KvStorage};
-use crate::model::{ForwardBatch, Llama};
-use crate::request::{Event, FinishReason, GenerateRequest, RequestId, ResponseFormat, Usage};
-use crate::sampler::Sampler;
-use crate::scheduler::{Scheduler, SchedulerConfig, StepPlan};
+use crate::model::{ForwardBatch, Llama, Logits};
+use crate::request::{
+    Event, FinishReason, GenerateRequest, RequestId, ResponseFormat, TokenLogprob, Usage,
+};
+use crate::sampler::{self, Sampler};
+use crate::scheduler::{PlanItem, Scheduler, SchedulerConfig, StepPlan};
 use crate::sequence::Sequence;
 use crate::stop::TextStream;
 
@@ -123,6 +132,16 @@ struct Output {
     _slot: Option<QueueSlot>,
     /// Set for the request that pre-warms a pinned prefix.
     pin: Option<u64>,
+    /// Set while the prompt is being scored; taken when its event is sent.
+    prompt_logprobs: Option<PromptLogprobs>,
+}
+
+/// A prompt's log-probabilities as its chunks run.
+struct PromptLogprobs {
+    /// Alternatives reported per token.
+    top: usize,
+    /// Entry `i` scores prompt token `i + 1`, from the logits at position `i`.
+    entries: Vec<TokenLogprob>,
 }
 
 /// Everything the worker is built from.
@@ -275,6 +294,10 @@ impl Worker {
         if !request.ignore_eos {
             stop_tokens.extend(&self.eos);
         }
+        let prompt_logprobs = request.prompt_logprobs.map(|top| PromptLogprobs {
+            top,
+            entries: Vec::with_capacity(prompt.len().saturating_sub(1)),
+        });
         let mut sampler =
             Sampler::new(request.sampling, request.logprobs, &prompt).scoring(request.score_tokens);
         if request.response_format == ResponseFormat::JsonObject {
@@ -292,11 +315,15 @@ impl Worker {
                 deadline: request.deadline,
                 _slot: slot,
                 pin,
+                prompt_logprobs,
             },
         );
         self.next_arrival += 1;
         let table = self.scheduler.kv().table();
-        let seq = Sequence::new(id, prompt, table, request.priority, self.next_arrival);
+        let mut seq = Sequence::new(id, prompt, table, request.priority, self.next_arrival);
+        if request.prompt_logprobs.is_some() {
+            seq = seq.with_prompt_logprobs();
+        }
         self.scheduler.add(seq);
     }
 
@@ -324,7 +351,12 @@ impl Worker {
     fn step(&mut self, plan: &StepPlan) {
         let mut batch = ForwardBatch::default();
         for item in &plan.items {
-            batch.push(&item.tokens, item.pos0, item.blocks.clone(), item.sample);
+            batch.push(
+                &item.tokens,
+                item.pos0,
+                item.blocks.clone(),
+                logits_of(item),
+            );
         }
         let started = Instant::now();
         let logits = self
@@ -358,10 +390,54 @@ impl Worker {
         s.prefill_nanos.fetch_add(prefill_nanos, Ordering::Relaxed);
         s.decode_nanos
             .fetch_add(elapsed - prefill_nanos, Ordering::Relaxed);
-        let sampled = plan.items.iter().filter(|i| i.sample);
-        for (item, mut row) in sampled.zip(logits) {
-            self.on_logits(item.id, &mut row);
+        let mut logits = logits.into_iter();
+        for item in &plan.items {
+            // Moved out, not copied, and dropped with this item: a vocabulary-wide row each.
+            let n = logits_of(item).rows(item.tokens.len());
+            let mut rows: Vec<Vec<f32>> = logits.by_ref().take(n).collect();
+            if item.prompt_logprobs {
+                self.on_prompt_logits(item, &mut rows);
+            }
+            if item.sample {
+                let row = rows.last_mut().expect("a sampled item has its last row");
+                self.on_logits(item.id, row);
+            }
         }
+    }
+
+    /// Scores the prompt tokens that follow a chunk's positions, from the chunk's `rows` (one
+    /// per token), and sends the entries once the chunk ends the prompt.
+    fn on_prompt_logits(&mut self, item: &PlanItem, rows: &mut [Vec<f32>]) {
+        let (Some(out), Some(seq)) = (self.outputs.get_mut(&item.id), self.scheduler.get(item.id))
+        else {
+            return;
+        };
+        let Some(partial) = out.prompt_logprobs.as_mut() else {
+            return;
+        };
+        let prompt = &seq.tokens()[..seq.prompt_len()];
+        // A recompute after preemption (which takes no prefix hit) runs positions again: what
+        // they give replaces what they gave, so nothing is reported twice.
+        partial.entries.truncate(item.pos0);
+        debug_assert_eq!(partial.entries.len(), item.pos0, "chunks come in order");
+        for (pos, row) in (item.pos0..).zip(rows.iter_mut()) {
+            // The last prompt position scores no prompt token; its row is the one sampled.
+            let Some(&next) = prompt.get(pos + 1) else {
+                break;
+            };
+            partial
+                .entries
+                .push(sampler::logprob_at(row, next, partial.top));
+        }
+        if item.pos0 + item.tokens.len() < prompt.len() {
+            return;
+        }
+        let entries = out
+            .prompt_logprobs
+            .take()
+            .map_or_else(Vec::new, |s| s.entries);
+        debug_assert_eq!(entries.len(), prompt.len() - 1);
+        let _ = out.events.send(Event::PromptLogprobs(entries));
     }
 
     /// Samples a sequence's next token and tells the client.
@@ -453,5 +529,14 @@ impl Worker {
             swaps_out: sched.swaps_out,
             recomputes: sched.recomputes,
         };
+    }
+}
+
+/// The rows of `item` the forward pass must return.
+fn logits_of(item: &PlanItem) -> Logits {
+    match (item.prompt_logprobs, item.sample) {
+        (true, _) => Logits::Every,
+        (false, true) => Logits::Last,
+        (false, false) => Logits::None,
     }
 }

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::{assert_pool_whole, collect, config, request, serial, Outcome};
@@ -125,12 +126,18 @@ fn preemption_by_recompute_changes_no_token() {
     })
     .unwrap();
     let prompts: Vec<Vec<u32>> = prompts(&roomy).into_iter().skip(2).take(8).collect();
+    // Every other request also asks for prompt log-probabilities: preempted, it must still report
+    // them once, the same.
     let run = |engine: &EngineHandle| -> Vec<Outcome> {
         let streams: Vec<_> = prompts
             .iter()
-            .map(|p| {
+            .enumerate()
+            .map(|(i, p)| {
                 engine
-                    .submit(request(&p[..p.len().min(60)], SamplingParams::greedy(), 40))
+                    .submit(GenerateRequest {
+                        prompt_logprobs: (i % 2 == 1).then_some(2),
+                        ..request(&p[..p.len().min(60)], SamplingParams::greedy(), 40)
+                    })
                     .unwrap()
             })
             .collect();
@@ -146,6 +153,11 @@ fn preemption_by_recompute_changes_no_token() {
         expect.iter().map(Outcome::generated).collect::<Vec<_>>(),
         got.iter().map(Outcome::generated).collect::<Vec<_>>()
     );
+    assert!(got
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .all(|o| o.prompt_logprobs.is_some()));
     assert_pool_whole(&tight);
 }
 
@@ -358,4 +370,159 @@ fn json_mode_produces_a_json_object() {
         assert!(value.is_object(), "{value}");
     }
     assert_pool_whole(&engine);
+}
+
+/// A chat prompt of 40 to 100 tokens.
+fn medium_prompt(engine: &EngineHandle) -> Vec<u32> {
+    prompts(engine)
+        .into_iter()
+        .find(|p| (40..100).contains(&p.len()))
+        .expect("a prompt of 40 to 100 tokens")
+}
+
+/// A greedy request for prompt log-probabilities with `top` alternatives per token.
+fn with_prompt_logprobs(prompt: &[u32], top: usize, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        prompt_logprobs: Some(top),
+        ..request(prompt, SamplingParams::greedy(), max_tokens)
+    }
+}
+
+#[test]
+fn prompt_logprobs_do_not_depend_on_chunking_batching_or_the_prefix_cache() {
+    let _serial = serial();
+    let whole = EngineHandle::start(&config(64)).unwrap();
+    let prompt = medium_prompt(&whole);
+    let first = collect(whole.submit(with_prompt_logprobs(&prompt, 3, 2)).unwrap());
+    let entries = first.prompt_logprobs.clone().expect("asked for");
+    assert_eq!(entries.len(), prompt.len() - 1);
+    let scored: Vec<u32> = entries.iter().map(|e| e.token).collect();
+    assert_eq!(scored, prompt[1..]);
+    // The prompt's blocks are now cached: a plain request takes them, one asking for prompt
+    // log-probabilities does not, and reports the same entries, bit for bit.
+    let plain = collect(
+        whole
+            .submit(request(&prompt, SamplingParams::greedy(), 2))
+            .unwrap(),
+    );
+    assert!(plain.cached_tokens >= 32, "{}", plain.cached_tokens);
+    assert_eq!(plain.prompt_logprobs, None, "not asked for, not sent");
+    let again = collect(whole.submit(with_prompt_logprobs(&prompt, 3, 2)).unwrap());
+    assert_eq!(again.cached_tokens, 0);
+    assert_eq!(again, first);
+    assert_eq!(plain.tokens, first.tokens);
+
+    // Prefilled 7 tokens a step, beside another request's chunks and decodes.
+    let chunked = EngineHandle::start(&EngineConfig {
+        max_step_tokens: 7,
+        ..config(64)
+    })
+    .unwrap();
+    let other = prompts(&chunked).swap_remove(1);
+    let neighbour = chunked
+        .submit(request(&other, SamplingParams::greedy(), 8))
+        .unwrap();
+    let steps = || chunked.stats().steps.load(Ordering::Relaxed) as usize;
+    let before = steps();
+    let split = collect(chunked.submit(with_prompt_logprobs(&prompt, 3, 2)).unwrap());
+    assert!(steps() - before >= prompt.len() / 7, "not chunked");
+    assert_eq!(split, first);
+    collect(neighbour);
+    assert_pool_whole(&chunked);
+    assert_pool_whole(&whole);
+}
+
+#[test]
+fn prompt_logprobs_rank_alternatives_as_generation_does() {
+    let _serial = serial();
+    let engine = EngineHandle::start(&config(64)).unwrap();
+    let prompt = medium_prompt(&engine);
+    let entries = collect(engine.submit(with_prompt_logprobs(&prompt, 5, 1)).unwrap())
+        .prompt_logprobs
+        .expect("asked for");
+    for (i, e) in entries.iter().enumerate() {
+        assert_eq!(e.top.len(), 5);
+        assert!(e.scored.is_empty());
+        assert!(
+            e.top.windows(2).all(|w| w[0].1 >= w[1].1),
+            "entry {i}: {:?}",
+            e.top
+        );
+        assert!(e.logprob <= e.top[0].1 && e.top[0].1 <= 0.0, "entry {i}");
+        if let Some(&(_, lp)) = e.top.iter().find(|t| t.0 == e.token) {
+            assert_eq!(lp, e.logprob, "entry {i}");
+        }
+    }
+    // Entry k - 1 comes from the logits at position k - 1, the ones a request with prompt
+    // `prompt[..k]` samples its first token from: the greedy token heads the alternatives, and
+    // the generated token's own log-probabilities are the same numbers.
+    for k in [2, prompt.len() / 2, prompt.len() - 1] {
+        let mut stream = engine
+            .submit(GenerateRequest {
+                logprobs: Some(5),
+                ..request(&prompt[..k], SamplingParams::greedy(), 1)
+            })
+            .unwrap();
+        let Some(Event::Delta { logprobs, .. }) = stream.blocking_next() else {
+            panic!("the first event is the token")
+        };
+        let entry = &entries[k - 1];
+        assert_eq!(logprobs[0].top[0].0, logprobs[0].token);
+        assert_eq!(logprobs[0].top, entry.top, "prefix of {k} tokens");
+    }
+    // A one-token prompt has nothing to score, and says so.
+    let single = collect(
+        engine
+            .submit(with_prompt_logprobs(&prompt[..1], 5, 1))
+            .unwrap(),
+    );
+    assert_eq!(single.prompt_logprobs, Some(Vec::new()));
+    assert_pool_whole(&engine);
+}
+
+#[test]
+fn prompt_logprobs_survive_a_recompute_in_the_middle_of_the_prompt() {
+    let _serial = serial();
+    let roomy = EngineHandle::start(&config(64)).unwrap();
+    let prompt = prompts(&roomy)
+        .into_iter()
+        .find(|p| p.len() >= 100)
+        .expect("a prompt of 100 tokens or more");
+    let expect = collect(roomy.submit(with_prompt_logprobs(&prompt, 2, 2)).unwrap());
+    // Four sequences of a few tokens decode 60 each (4 blocks of 16 apiece in the end) while the
+    // long prompt, submitted last, is prefilled 2 tokens a step beside them. About 45 steps in,
+    // when the decoders reach their fourth block, the prompt holds 6 of the pool's 20 and only 2
+    // are left: the newest sequence, the one scoring its prompt, is preempted and later
+    // prefilled again from the start (there is no host tier to swap it to).
+    let tight = EngineHandle::start(&EngineConfig {
+        device_kv_blocks: Some(20),
+        host_kv_cache_mb: 0,
+        max_step_tokens: 6,
+        ..config(64)
+    })
+    .unwrap();
+    let decoders: Vec<_> = [
+        "Once upon a time",
+        "The sea was",
+        "In the morning",
+        "Rain fell",
+    ]
+    .into_iter()
+    .map(|text| {
+        tight
+            .submit(GenerateRequest {
+                max_tokens: 60,
+                ignore_eos: true,
+                ..GenerateRequest::new(Prompt::Text(text.into()))
+            })
+            .unwrap()
+    })
+    .collect();
+    let got = collect(tight.submit(with_prompt_logprobs(&prompt, 2, 2)).unwrap());
+    for d in decoders {
+        assert_eq!(collect(d).completion_tokens, 60);
+    }
+    assert!(tight.stats().kv().recomputes > 0, "no preemption happened");
+    assert_eq!(got.generated(), expect.generated());
+    assert_pool_whole(&tight);
 }

@@ -5,7 +5,9 @@
 mod common;
 
 use common::{assert_pool_whole, collect, config, request, serial, Outcome};
-use engine::{ChatMessage, EngineConfig, EngineHandle, KvSnapshot, Prompt, SamplingParams};
+use engine::{
+    ChatMessage, EngineConfig, EngineHandle, GenerateRequest, KvSnapshot, Prompt, SamplingParams,
+};
 
 const BLOCK: usize = 16;
 
@@ -53,12 +55,22 @@ fn run(engine: &EngineHandle, prompt: &[u32], max_tokens: usize) -> Outcome {
     )
 }
 
-fn run_all(engine: &EngineHandle, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<Outcome> {
+/// Submits every prompt at once; request `i` scores its prompt with `prompt_logprobs(i)`.
+fn run_all(
+    engine: &EngineHandle,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    prompt_logprobs: impl Fn(usize) -> Option<usize>,
+) -> Vec<Outcome> {
     let streams: Vec<_> = prompts
         .iter()
-        .map(|p| {
+        .enumerate()
+        .map(|(i, p)| {
             engine
-                .submit(request(p, SamplingParams::greedy(), max_tokens))
+                .submit(GenerateRequest {
+                    prompt_logprobs: prompt_logprobs(i),
+                    ..request(p, SamplingParams::greedy(), max_tokens)
+                })
                 .unwrap()
         })
         .collect();
@@ -184,11 +196,16 @@ fn swapping_under_pressure_changes_no_token() {
         }
     }
     assert!(prompts.iter().all(|p| p.len() >= 200));
-    let expect = run_all(&roomy, &prompts, 24);
-    let got = run_all(&tight, &prompts, 24);
+    // A few requests also score their prompts: swapped out and back in, they must still report
+    // them once, the same.
+    let scored = |i: usize| (i % 8 == 5).then_some(1);
+    let expect = run_all(&roomy, &prompts, 24, scored);
+    let got = run_all(&tight, &prompts, 24, scored);
     for (i, (e, g)) in expect.iter().zip(&got).enumerate() {
         assert_eq!(e.tokens, g.tokens, "request {i}");
         assert_eq!(e.reason, g.reason, "request {i}");
+        assert_eq!(e.prompt_logprobs, g.prompt_logprobs, "request {i}");
+        assert_eq!(g.prompt_logprobs.is_some(), scored(i).is_some());
     }
     let kv = counters(&tight);
     eprintln!("tight pool after the run: {kv:?}");

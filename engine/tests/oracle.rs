@@ -1,4 +1,5 @@
-//! Oracle: our ragged-batch llama against candle's reference `quantized_llama` on the same GGUF.
+//! Oracle: our ragged-batch llama, and the engine's prompt log-probabilities, against candle's
+//! reference `quantized_llama` on the same GGUF.
 //!
 //! The reference runs with every weight dequantized to f32 (`CANDLE_DEQUANTIZE_ALL`), which are
 //! exactly the values our 8-bit kernel multiplies by (Q4_1/Q8_0 blocks map onto it without
@@ -9,6 +10,8 @@
 //! above rounding noise, while a real bug (a wrong rotation, a missed residual, a block-table
 //! slip) moves logits by whole units.
 
+mod common;
+
 use std::path::PathBuf;
 
 use candle_core::quantized::gguf_file;
@@ -16,8 +19,8 @@ use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
 use engine::kv_cache::{BlockId, KvStorage};
 use engine::model::tokenizer::tokenizer_from_gguf;
-use engine::model::{ForwardBatch, Gguf, Llama};
-use engine::{ChatMessage, ChatTemplate};
+use engine::model::{ForwardBatch, Gguf, Llama, Logits};
+use engine::{ChatMessage, ChatTemplate, EngineHandle, GenerateRequest, SamplingParams};
 
 const TOLERANCE: f32 = 2e-3;
 const BLOCK: usize = 16;
@@ -102,8 +105,12 @@ impl Ours {
     /// Logits at every position of `tokens`, run as one sequence in blocks `first_block..`.
     fn all_logits(&mut self, tokens: &[u32], first_block: u32) -> Vec<Vec<f32>> {
         let mut batch = ForwardBatch::default();
-        batch.push(tokens, 0, blocks(first_block, tokens.len() + 40), true);
-        batch.logits_rows = (0..tokens.len() as u32).collect();
+        batch.push(
+            tokens,
+            0,
+            blocks(first_block, tokens.len() + 40),
+            Logits::Every,
+        );
         self.model
             .forward(&batch, &mut self.kv)
             .unwrap()
@@ -114,7 +121,7 @@ impl Ours {
     fn greedy(&mut self, prompt: &[u32], n: usize, first_block: u32) -> Vec<u32> {
         let table = blocks(first_block, prompt.len() + n);
         let mut batch = ForwardBatch::default();
-        batch.push(prompt, 0, table.clone(), true);
+        batch.push(prompt, 0, table.clone(), Logits::Last);
         let mut logits: Vec<Vec<f32>> = self
             .model
             .forward(&batch, &mut self.kv)
@@ -126,7 +133,7 @@ impl Ours {
             let tok = argmax(&logits[0]);
             out.push(tok);
             let mut batch = ForwardBatch::default();
-            batch.push(&[tok], prompt.len() + i, table.clone(), true);
+            batch.push(&[tok], prompt.len() + i, table.clone(), Logits::Last);
             logits = self
                 .model
                 .forward(&batch, &mut self.kv)
@@ -203,6 +210,58 @@ fn logits_and_greedy_continuations_match_reference() {
     eprintln!("worst logit difference vs reference: {worst:e}");
 }
 
+/// Prompt log-probabilities, through the whole engine, against the log-softmax of the
+/// reference's logits at each position (computed here in f64). Log-sum-exp moves by no more than
+/// the largest change of its inputs, so an entry can be off by at most twice the logit tolerance,
+/// plus the f32 rounding of the engine's log-sum-exp over the vocabulary (relative 1e-7 per term,
+/// a few 1e-5 in all): 2 * TOLERANCE bounds it with room to spare.
+#[test]
+fn prompt_logprobs_match_reference() {
+    const TOP: usize = 5;
+    let prompt = prompts()
+        .into_iter()
+        .find(|p| p.len() >= 40)
+        .expect("a prompt of 40 tokens or more");
+    let engine = EngineHandle::start(&common::config(64)).unwrap();
+    let entries = common::collect(
+        engine
+            .submit(GenerateRequest {
+                prompt_logprobs: Some(TOP),
+                ..common::request(&prompt, SamplingParams::greedy(), 1)
+            })
+            .unwrap(),
+    )
+    .prompt_logprobs
+    .expect("asked for");
+    assert_eq!(entries.len(), prompt.len() - 1);
+    let mut reference = reference();
+    let mut worst = 0f32;
+    for (pos, entry) in entries.iter().enumerate() {
+        let expect = log_softmax_f64(&reference_step(&mut reference, prompt[pos], pos));
+        assert_eq!(entry.token, prompt[pos + 1]);
+        let mut diff = (entry.logprob - expect[entry.token as usize]).abs();
+        for &(t, lp) in &entry.top {
+            diff = diff.max((lp - expect[t as usize]).abs());
+        }
+        // The reference's likeliest token leads, or ties with what does.
+        let best = expect.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        diff = diff.max((entry.top[0].1 - best).abs());
+        worst = worst.max(diff);
+        assert!(diff <= 2.0 * TOLERANCE, "position {pos}: max |diff| {diff}");
+    }
+    eprintln!(
+        "worst prompt log-probability difference vs reference over {} tokens: {worst:e}",
+        entries.len()
+    );
+}
+
+fn log_softmax_f64(logits: &[f32]) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+    let log_z = max + sum.ln();
+    logits.iter().map(|&l| (l as f64 - log_z) as f32).collect()
+}
+
 /// The same prompts in one ragged batch give bit-identical logits to each prompt alone.
 #[test]
 fn ragged_batch_equals_sequences_alone() {
@@ -214,9 +273,8 @@ fn ragged_batch_equals_sequences_alone() {
     for p in &prompts {
         let table = blocks(next_block, p.len());
         next_block += table.len() as u32;
-        batch.push(p, 0, table, true);
+        batch.push(p, 0, table, Logits::Every);
     }
-    batch.logits_rows = (0..batch.tokens.len() as u32).collect();
     let together: Vec<Vec<f32>> = ours
         .model
         .forward(&batch, &mut ours.kv)

@@ -162,6 +162,7 @@ mod tests {
     async fn outcome(events: impl Stream<Item = Event> + Unpin, d: Deadlines) -> Vec<String> {
         watch(events, d)
             .map(|item| match item {
+                Ok(Event::PromptLogprobs(_)) => "prompt logprobs".to_owned(),
                 Ok(Event::Delta { .. }) => "delta".to_owned(),
                 Ok(Event::Finished { .. }) => "finished".to_owned(),
                 Err(ApiError::Timeout(m)) if m == FIRST_TOKEN_TIMEOUT => "first".to_owned(),

@@ -184,6 +184,8 @@ impl Answer {
                     text.push_str(&delta);
                     logprobs.extend(self.logprobs(&token_logprobs));
                 }
+                // Chat never asks for the prompt's log-probabilities.
+                Event::PromptLogprobs(_) => {}
                 Event::Finished {
                     reason,
                     usage,
@@ -220,7 +222,7 @@ impl Answer {
                     {
                         Ok(answer.chunk(text, answer.logprobs(&logprobs)))
                     }
-                    Some(Event::Delta { .. }) => continue,
+                    Some(Event::Delta { .. } | Event::PromptLogprobs(_)) => continue,
                     Some(Event::Finished {
                         reason,
                         usage,

@@ -333,7 +333,7 @@ impl Metrics {
                     }
                     last_token = Some(now);
                 }
-                Ok(Event::Delta { .. }) => {}
+                Ok(Event::Delta { .. } | Event::PromptLogprobs(_)) => {}
                 Ok(Event::Finished { usage, .. }) => {
                     inner.prompt_tokens.increment(usage.prompt_tokens as u64);
                     inner

@@ -448,10 +448,29 @@ async fn completions_echo_and_report_legacy_logprobs() {
     echo["echo"] = json!(true);
     let (_, _, echoed) = call(state(), post_to("/v1/completions", echo)).await;
     assert_eq!(echoed["choices"][0]["text"], format!("{prompt}{text}"));
-    let offsets = &echoed["choices"][0]["logprobs"]["text_offset"];
-    assert!(
-        offsets.as_array().unwrap().contains(&json!(prompt.len())),
-        "{offsets}"
+    let logprobs = &echoed["choices"][0]["logprobs"];
+    let tokens: Vec<&str> = logprobs["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    let prompt_tokens = echoed["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    assert_eq!(
+        tokens[..prompt_tokens].concat(),
+        prompt,
+        "the prompt's tokens come first"
+    );
+    assert_eq!(logprobs["token_logprobs"][0], Value::Null);
+    assert_eq!(logprobs["top_logprobs"][0], Value::Null);
+    assert!(logprobs["token_logprobs"][1].as_f64().unwrap() < 0.0);
+    assert_eq!(logprobs["text_offset"][prompt_tokens], prompt.len());
+    assert_eq!(
+        logprobs["token_logprobs"].as_array().unwrap()[prompt_tokens..],
+        plain["choices"][0]["logprobs"]["token_logprobs"]
+            .as_array()
+            .unwrap()[..],
+        "the answer's log-probabilities do not change with echo"
     );
     wait_until_idle().await;
 }

@@ -18,6 +18,29 @@ pub use llama::{Llama, LlamaConfig};
 
 use crate::kv_cache::BlockId;
 
+/// Which of a sequence's tokens in a batch get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// None: a prefill chunk that stops short of the sequence's end.
+    None,
+    /// The last token's, to sample the next token from.
+    Last,
+    /// Every token's, to score each against the token after it (prompt log-probabilities); the
+    /// last row is still the one to sample from.
+    Every,
+}
+
+impl Logits {
+    /// How many rows a chunk of `len` tokens contributes.
+    pub fn rows(self, len: usize) -> usize {
+        match self {
+            Self::None => 0,
+            Self::Last => 1,
+            Self::Every => len,
+        }
+    }
+}
+
 /// The input of one forward pass: the tokens of several sequences, concatenated.
 #[derive(Clone, Debug, Default)]
 pub struct ForwardBatch {
@@ -30,9 +53,8 @@ pub struct ForwardBatch {
 
 impl ForwardBatch {
     /// Appends a sequence's next `tokens`, the first at position `pos0`; `blocks` must cover
-    /// every position up to `pos0 + tokens.len()`. With `logits`, the last token's logits are
-    /// returned.
-    pub fn push(&mut self, tokens: &[u32], pos0: usize, blocks: Vec<BlockId>, logits: bool) {
+    /// every position up to `pos0 + tokens.len()`. `logits` says which of its rows come back.
+    pub fn push(&mut self, tokens: &[u32], pos0: usize, blocks: Vec<BlockId>, logits: Logits) {
         let start = self.tokens.len();
         self.tokens.extend_from_slice(tokens);
         self.positions
@@ -43,9 +65,9 @@ impl ForwardBatch {
             pos0,
             blocks,
         });
-        if logits {
-            self.logits_rows.push((start + tokens.len() - 1) as u32);
-        }
+        let end = start + tokens.len();
+        let rows = end - logits.rows(tokens.len())..end;
+        self.logits_rows.extend(rows.map(|r| r as u32));
     }
 
     pub fn is_empty(&self) -> bool {

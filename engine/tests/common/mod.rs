@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use engine::{
     EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, Prompt, SamplingParams,
+    TokenLogprob,
 };
 
 /// Engines in a test binary run one at a time: each uses every core, and several at once would
@@ -42,6 +43,8 @@ pub struct Outcome {
     pub error: Option<String>,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
+    /// What `Event::PromptLogprobs` carried, if it came.
+    pub prompt_logprobs: Option<Vec<TokenLogprob>>,
 }
 
 impl Outcome {
@@ -55,14 +58,25 @@ impl Outcome {
     }
 }
 
+/// Reads a stream to its end, checking the order of its events.
 pub fn collect(mut stream: engine::EventStream) -> Outcome {
     let mut tokens = Vec::new();
     let mut text = String::new();
+    let mut prompt_logprobs = None;
+    let mut deltas = 0;
     loop {
         match stream
             .blocking_next()
             .expect("the stream ends with Finished")
         {
+            Event::PromptLogprobs(entries) => {
+                assert_eq!(deltas, 0, "prompt log-probabilities come before any delta");
+                assert!(
+                    prompt_logprobs.is_none(),
+                    "prompt log-probabilities came twice"
+                );
+                prompt_logprobs = Some(entries);
+            }
             Event::Delta {
                 text: t,
                 tokens: ids,
@@ -70,6 +84,7 @@ pub fn collect(mut stream: engine::EventStream) -> Outcome {
             } => {
                 text.push_str(&t);
                 tokens.extend(ids);
+                deltas += 1;
             }
             Event::Finished {
                 reason,
@@ -83,6 +98,7 @@ pub fn collect(mut stream: engine::EventStream) -> Outcome {
                     error,
                     completion_tokens: usage.completion_tokens,
                     cached_tokens: usage.cached_tokens,
+                    prompt_logprobs,
                 }
             }
         }

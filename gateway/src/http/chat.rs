@@ -153,6 +153,11 @@ impl ChunkFormat for Answer {
         Some(self.choice_chunk(index, delta, None, None))
     }
 
+    /// Chat never asks for the prompt's log-probabilities.
+    fn prompt(&mut self, _: usize, _: &[TokenLogprob]) -> Option<ChatCompletionChunk> {
+        None
+    }
+
     fn delta(
         &mut self,
         index: usize,

@@ -42,6 +42,12 @@ type Tagged = Pin<Box<dyn Stream<Item = (usize, Option<Result<Event, ApiError>>)
 /// What happened to one choice.
 #[derive(Debug)]
 pub enum Update {
+    /// The log-probabilities of the prompt's tokens from the second on (when asked for; before
+    /// any delta).
+    Prompt {
+        index: usize,
+        logprobs: Vec<TokenLogprob>,
+    },
     /// New text (possibly empty while a character or a stop string is incomplete) and the
     /// tokens' log-probabilities.
     Delta {
@@ -124,6 +130,9 @@ impl Choices {
                 continue;
             }
             let update = match item {
+                Some(Ok(Event::PromptLogprobs(logprobs))) => {
+                    return Some(Update::Prompt { index, logprobs })
+                }
                 Some(Ok(Event::Delta { text, logprobs, .. })) => {
                     return Some(Update::Delta {
                         index,
@@ -180,6 +189,9 @@ impl Choices {
         let mut choices: Vec<Collected> = (0..self.count()).map(|_| Collected::default()).collect();
         while let Some(update) = self.next().await {
             match update {
+                Update::Prompt { index, logprobs } => {
+                    choices[index].prompt_logprobs = Some(logprobs)
+                }
                 Update::Delta {
                     index,
                     text,
@@ -241,6 +253,8 @@ impl Choices {
 /// One choice's whole answer.
 #[derive(Debug, Default)]
 pub struct Collected {
+    /// Set when the prompt's log-probabilities were asked for.
+    pub prompt_logprobs: Option<Vec<TokenLogprob>>,
     pub text: String,
     pub logprobs: Vec<TokenLogprob>,
     /// Set when the choice finished.
@@ -252,6 +266,9 @@ pub trait ChunkFormat {
     type Chunk: Serialize + Send + 'static;
     /// The chunk that opens choice `index`, if the format has one (chat's role chunk).
     fn opening(&self, index: usize) -> Option<Self::Chunk>;
+    /// The prompt's log-probabilities for choice `index` (only formats that ask for them get
+    /// them).
+    fn prompt(&mut self, index: usize, logprobs: &[TokenLogprob]) -> Option<Self::Chunk>;
     /// New text for choice `index`; `None` when there is nothing to send.
     fn delta(
         &mut self,
@@ -285,6 +302,7 @@ struct Streamed<F: ChunkFormat> {
 impl<F: ChunkFormat> Streamed<F> {
     fn on_update(&mut self, update: Update) {
         let chunk = match update {
+            Update::Prompt { index, logprobs } => self.format.prompt(index, &logprobs),
             Update::Delta {
                 index,
                 text,

@@ -2,9 +2,10 @@
 //! ([`Choices`]) but with the raw prompt, `echo`, and the older `logprobs` arrays.
 //!
 //! Every prompt gets `n` answers; choice `i * n + j` is answer `j` to prompt `i`. With `echo`,
-//! each choice's text starts with its prompt (streamed: as the choice's first chunk). Token text
-//! offsets in `logprobs` count characters of the choice's whole text, echo included, and run on
-//! across a stream's chunks.
+//! each choice's text starts with its prompt (streamed: as the choice's first chunk), and with
+//! `logprobs` too, `logprobs` starts with the prompt's tokens, the first unscored (`null`), as
+//! OpenAI does. Token text offsets count characters of the choice's whole text, echo included,
+//! and run on across a stream's chunks.
 
 use std::sync::Arc;
 
@@ -46,6 +47,7 @@ pub async fn create(
         .iter()
         .map(|p| if echo { p.text.clone() } else { String::new() })
         .collect();
+    let first_tokens = prompts.iter().map(|p| p.first_token).collect();
     let requests = prompts
         .into_iter()
         .map(|p| (p.tokens, p.generate))
@@ -61,6 +63,8 @@ pub async fn create(
             .map(|i| echoed[i / n].chars().count())
             .collect(),
         echoed,
+        first_tokens,
+        echo_logprobs: echo && logprobs.is_some(),
         n,
     };
     if !stream {
@@ -70,7 +74,11 @@ pub async fn create(
             .enumerate()
             .map(|(index, choice)| CompletionChoice {
                 index: index as u32,
-                logprobs: answer.logprobs(index, &choice.logprobs),
+                logprobs: answer.logprobs(
+                    index,
+                    choice.prompt_logprobs.as_deref(),
+                    &choice.logprobs,
+                ),
                 text: answer.echo_of(index).to_owned() + &choice.text,
                 finish_reason: Some(choice.finish_reason.unwrap_or(api::FinishReason::Stop)),
             })
@@ -103,6 +111,10 @@ struct TextAnswer {
     include_usage: bool,
     /// Per prompt: the text each of its choices starts with (empty without `echo`).
     echoed: Vec<String>,
+    /// Per prompt: its first token.
+    first_tokens: Vec<u32>,
+    /// Whether the echoed prompts come with their log-probabilities.
+    echo_logprobs: bool,
     n: usize,
     /// Per choice: characters of its text so far.
     offsets: Vec<usize>,
@@ -113,12 +125,23 @@ impl TextAnswer {
         &self.echoed[index / self.n]
     }
 
-    /// Choice `index`'s legacy `logprobs` for `logprobs`, advancing its text offset.
-    fn logprobs(&mut self, index: usize, logprobs: &[TokenLogprob]) -> Option<CompletionLogprobs> {
+    /// Choice `index`'s legacy `logprobs`: its prompt's tokens (when given), which start the
+    /// text, then `generated`, advancing the choice's text offset.
+    fn logprobs(
+        &mut self,
+        index: usize,
+        prompt: Option<&[TokenLogprob]>,
+        generated: &[TokenLogprob],
+    ) -> Option<CompletionLogprobs> {
         let tokenizer = self.tokenizer.as_ref()?;
         let mut out = CompletionLogprobs::default();
+        if let Some(prompt) = prompt {
+            let mut legacy = Legacy::new(tokenizer, 0);
+            legacy.push_unscored(&mut out, self.first_tokens[index / self.n]);
+            legacy.extend(&mut out, prompt);
+        }
         let mut legacy = Legacy::new(tokenizer, self.offsets[index]);
-        legacy.extend(&mut out, logprobs);
+        legacy.extend(&mut out, generated);
         self.offsets[index] = legacy.offset();
         Some(out)
     }
@@ -154,9 +177,18 @@ impl TextAnswer {
 impl ChunkFormat for TextAnswer {
     type Chunk = CompletionChunk;
 
+    /// The echoed prompt, unless it waits for its log-probabilities.
     fn opening(&self, index: usize) -> Option<CompletionChunk> {
         let echo = self.echo_of(index);
-        (!echo.is_empty()).then(|| self.choice_chunk(index, echo.to_owned(), None, None))
+        (!echo.is_empty() && !self.echo_logprobs)
+            .then(|| self.choice_chunk(index, echo.to_owned(), None, None))
+    }
+
+    /// The echoed prompt with its log-probabilities.
+    fn prompt(&mut self, index: usize, logprobs: &[TokenLogprob]) -> Option<CompletionChunk> {
+        let logprobs = self.logprobs(index, Some(logprobs), &[]);
+        let echo = self.echo_of(index).to_owned();
+        Some(self.choice_chunk(index, echo, logprobs, None))
     }
 
     fn delta(
@@ -168,7 +200,7 @@ impl ChunkFormat for TextAnswer {
         if text.is_empty() && logprobs.is_empty() {
             return None;
         }
-        let logprobs = self.logprobs(index, logprobs);
+        let logprobs = self.logprobs(index, None, logprobs);
         Some(self.choice_chunk(index, text, logprobs, None))
     }
 

@@ -51,6 +51,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                 out.write_all(text.as_bytes())?;
                 out.flush()?;
             }
+            Event::PromptLogprobs(_) => {}
             Event::Finished {
                 reason,
                 usage,

@@ -23,7 +23,7 @@ pub struct ValidCompletionRequest {
     pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
-    /// Put each prompt in front of its answers.
+    /// Put each prompt in front of its answers (with `logprobs`, the prompt's tokens' too).
     pub echo: bool,
     /// `Some(n)`: report each token's log-probability and its `n` likeliest alternatives.
     pub logprobs: Option<usize>,
@@ -34,6 +34,8 @@ pub struct ValidPrompt {
     /// The prompt as text (decoded, when it came as token ids), for `echo`.
     pub text: String,
     pub tokens: usize,
+    /// Its first token, which an echo with log-probabilities lists unscored.
+    pub first_token: u32,
     /// The engine request; its prompt is the token ids.
     pub generate: GenerateRequest,
 }
@@ -72,6 +74,7 @@ pub fn validate_completion(
         ));
     }
     let texts = prompts(request.prompt, model)?;
+    let echo = request.echo.unwrap_or(false);
     if texts.len() * options.n > MAX_CHOICES {
         return Err(ApiError::invalid(
             "n",
@@ -86,11 +89,16 @@ pub fn validate_completion(
         .into_iter()
         .map(|(text, tokens)| {
             let count = tokens.len();
+            let first_token = tokens[0];
             let mut generate = options.generate(model, tokens, "prompt")?;
             generate.logprobs = logprobs;
+            if echo {
+                generate.prompt_logprobs = logprobs;
+            }
             Ok(ValidPrompt {
                 text,
                 tokens: count,
+                first_token,
                 generate,
             })
         })
@@ -101,7 +109,7 @@ pub fn validate_completion(
         n: options.n,
         stream: options.stream,
         include_usage: options.include_usage,
-        echo: request.echo.unwrap_or(false),
+        echo,
         logprobs,
     })
 }
@@ -214,6 +222,10 @@ mod tests {
         assert_eq!(lists.prompts.len(), 2);
         assert_eq!(lists.logprobs, Some(2));
         assert_eq!(lists.prompts[1].generate.logprobs, Some(2));
+        assert_eq!(lists.prompts[1].generate.prompt_logprobs, None);
+        let echo = validate(json!({"prompt": [[1, 2]], "logprobs": 1, "echo": true})).unwrap();
+        assert_eq!(echo.prompts[0].generate.prompt_logprobs, Some(1));
+        assert_eq!(echo.prompts[0].first_token, 1);
     }
 
     #[test]

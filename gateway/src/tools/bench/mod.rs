@@ -121,6 +121,7 @@ fn stream_request(
                 tokens += ids.len();
                 on_tokens(ids.len());
             }
+            Event::PromptLogprobs(_) => {}
             Event::Finished { error: Some(e), .. } => bail!("request failed: {e}"),
             Event::Finished { usage, .. } => {
                 return Ok(Outcome {

@@ -100,7 +100,7 @@ fn in_process(engine: &EngineHandle) -> Result<Duration> {
         match stream.blocking_next().context("the engine stopped")? {
             Event::Finished { error: Some(e), .. } => bail!("request failed: {e}"),
             Event::Finished { .. } => return Ok(started.elapsed()),
-            Event::Delta { .. } => {}
+            Event::Delta { .. } | Event::PromptLogprobs(_) => {}
         }
     }
 }

@@ -16,32 +16,42 @@ pub mod embeddings;
 pub mod models;
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 // ---- requests ----
 
 /// The fields chat and text completions share: how many answers, how they are sampled, when
 /// they stop, whether they stream.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, ToSchema)]
 pub struct GenerationOptions {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     /// Most tokens to generate (chat also takes `max_completion_tokens`, which wins).
+    #[schema(minimum = 1)]
     pub max_tokens: Option<i64>,
+    #[schema(minimum = 0, maximum = 2)]
     pub temperature: Option<f64>,
+    #[schema(exclusive_minimum = 0, maximum = 1)]
     pub top_p: Option<f64>,
     /// How many answers to generate for each prompt.
+    #[schema(minimum = 1, maximum = 16)]
     pub n: Option<i64>,
     pub seed: Option<i64>,
     pub stop: Option<Stop>,
+    #[schema(minimum = -2, maximum = 2)]
     pub presence_penalty: Option<f64>,
+    #[schema(minimum = -2, maximum = 2)]
     pub frequency_penalty: Option<f64>,
     /// An end-user id for abuse tracking; accepted and unused.
     pub user: Option<String>,
     /// vLLM's extension: keep the k most likely tokens; 0 or -1 turn it off.
+    #[schema(minimum = -1)]
     pub top_k: Option<i64>,
     /// vLLM's extension: drop tokens less likely than `min_p` times the most likely one.
+    #[schema(minimum = 0, maximum = 1)]
     pub min_p: Option<f64>,
     /// vLLM's extension: above 1 discourages tokens already in the prompt or the output.
+    #[schema(exclusive_minimum = 0)]
     pub repetition_penalty: Option<f64>,
     /// vLLM's extension: keep generating past the model's end-of-turn token (benchmarks use it
     /// to get answers of a fixed length).
@@ -49,14 +59,22 @@ pub struct GenerationOptions {
 }
 
 /// `POST /v1/chat/completions`.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, ToSchema)]
+#[schema(example = json!({
+    "model": "default",
+    "messages": [{"role": "user", "content": "Say hello in French."}],
+    "max_tokens": 8
+}))]
 pub struct ChatCompletionRequest {
     /// The served model's id or `"default"`; absent means the served model.
     pub model: Option<String>,
     pub messages: Vec<ChatMessage>,
     /// Supersedes `max_tokens`, which OpenAI deprecated for chat; both are accepted.
+    #[schema(minimum = 1)]
     pub max_completion_tokens: Option<i64>,
     pub logprobs: Option<bool>,
+    /// Only with `logprobs: true`.
+    #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<i64>,
     pub response_format: Option<ResponseFormat>,
     #[serde(flatten)]
@@ -65,14 +83,14 @@ pub struct ChatCompletionRequest {
 
 /// `response_format`: `{"type": "text"}` or `{"type": "json_object"}`. The type is kept as a
 /// string so that an unsupported one (`json_schema`) is refused by validation, naming the field.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, ToSchema)]
 pub struct ResponseFormat {
     #[serde(rename = "type")]
     pub kind: String,
 }
 
 /// One message of the conversation.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, ToSchema)]
 pub struct ChatMessage {
     pub role: String,
     /// `null` is allowed by OpenAI for assistant messages that only carry tool calls.
@@ -80,7 +98,7 @@ pub struct ChatMessage {
 }
 
 /// A message's content: a plain string, or a list of typed parts.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum MessageContent {
     Text(String),
@@ -90,7 +108,7 @@ pub enum MessageContent {
 /// One part of an array content. Kept open (`kind` is a string) so that a part this server
 /// cannot use, such as `image_url`, is refused by validation with the field named rather than
 /// by serde with an opaque message.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, ToSchema)]
 pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
@@ -99,7 +117,7 @@ pub struct ContentPart {
 
 /// A text input (`prompt` of completions, `input` of embeddings): one text, several, or token
 /// ids in either form. Tried in this order, so `[]` reads as an empty list of texts.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum TextInput {
     Text(String),
@@ -109,14 +127,14 @@ pub enum TextInput {
 }
 
 /// `stop`: one string or several.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum Stop {
     One(String),
     Many(Vec<String>),
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, ToSchema)]
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
 }
@@ -124,7 +142,7 @@ pub struct StreamOptions {
 // ---- responses ----
 
 /// A whole, non-streamed answer.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct ChatCompletion {
     /// `chatcmpl-...`
     pub id: String,
@@ -137,7 +155,7 @@ pub struct ChatCompletion {
     pub usage: Usage,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
@@ -145,7 +163,7 @@ pub struct ChatChoice {
     pub finish_reason: FinishReason,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct AssistantMessage {
     /// Always `"assistant"`.
     pub role: &'static str,
@@ -153,7 +171,7 @@ pub struct AssistantMessage {
 }
 
 /// One server-sent event of a streamed answer.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct ChatCompletionChunk {
     /// The same for every chunk of one answer.
     pub id: String,
@@ -166,6 +184,7 @@ pub struct ChatCompletionChunk {
     /// Absent unless the client asked for usage; then `null` on every chunk but the last one
     /// before `[DONE]`, which carries the totals (OpenAI's `stream_options.include_usage`).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Usage>)]
     pub usage: Option<Option<Usage>>,
     /// Set when generation failed after the stream had started, on the chunk whose
     /// `finish_reason` is `"error"`; OpenAI's SDKs raise on a chunk with an `error` key.
@@ -173,7 +192,7 @@ pub struct ChatCompletionChunk {
     pub error: Option<ErrorBody>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct ChunkChoice {
     pub index: u32,
     pub delta: ChunkDelta,
@@ -182,7 +201,7 @@ pub struct ChunkChoice {
 }
 
 /// What a chunk adds to the message. The first chunk sets `role`; the last one is empty.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, ToSchema)]
 pub struct ChunkDelta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
@@ -191,7 +210,7 @@ pub struct ChunkDelta {
 }
 
 /// Why a choice ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     /// The model ended its turn, or a stop sequence was reached.
@@ -202,7 +221,7 @@ pub enum FinishReason {
     Error,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, ToSchema)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
@@ -211,19 +230,19 @@ pub struct Usage {
 }
 
 /// OpenAI's breakdown of the prompt tokens.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, ToSchema)]
 pub struct PromptTokensDetails {
     /// Prompt tokens served from the prefix cache rather than computed.
     pub cached_tokens: usize,
 }
 
 /// `logprobs` of a choice or a chunk: one entry per generated token.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, ToSchema)]
 pub struct ChoiceLogprobs {
     pub content: Vec<TokenLogprob>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]
 pub struct TokenLogprob {
     pub token: String,
     pub logprob: f32,
@@ -234,22 +253,49 @@ pub struct TokenLogprob {
     pub top_logprobs: Vec<TopLogprob>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]
 pub struct TopLogprob {
     pub token: String,
     pub logprob: f32,
     pub bytes: Option<Vec<u8>>,
 }
 
+/// One server-sent event of a streamed answer, as the spec describes `text/event-stream`
+/// bodies: `data` is a chunk (`ChatCompletionChunk` or `CompletionChunk`) as JSON, and the last
+/// event's is `[DONE]`. The server writes these with axum's SSE encoder.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+#[allow(dead_code)] // A description for the spec.
+pub struct StreamEvent {
+    pub data: String,
+}
+
+// ---- probes ----
+
+/// `GET /health`.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// Always `"ok"`.
+    pub status: &'static str,
+}
+
+/// `GET /ready` when the server can serve.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct Readiness {
+    /// Always `"ready"`.
+    pub status: &'static str,
+    /// The models loaded.
+    pub models: Vec<String>,
+}
+
 // ---- errors ----
 
 /// OpenAI's error envelope: `{"error": {...}}`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct ErrorResponse {
     pub error: ErrorBody,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]
 pub struct ErrorBody {
     pub message: String,
     /// `invalid_request_error`, `server_error`...

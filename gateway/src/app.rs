@@ -26,6 +26,7 @@ use crate::http;
 use crate::http::embeddings::Embeddings;
 use crate::limits::{self, Limits};
 use crate::metrics::{self, Metrics};
+use crate::openapi;
 
 /// What every handler shares. Cloning is a few reference-count increments.
 #[derive(Clone)]
@@ -149,6 +150,8 @@ pub fn app(state: AppState) -> Router {
         .route("/health", get(http::health::health))
         .route("/ready", get(http::health::ready))
         .route("/metrics", get(metrics::scrape))
+        .route("/openapi.json", get(openapi::serve_spec))
+        .route("/docs", get(openapi::docs))
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes()))

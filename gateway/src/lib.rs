@@ -18,6 +18,7 @@
 //! - [`error`] is the one place that decides HTTP statuses and error bodies.
 //! - [`grpc`] is the same chat API over gRPC, on a port of its own: its requests pass through
 //!   [`validate`] too, and its errors map to gRPC codes in one table.
+//! - [`openapi`] is the API's OpenAPI document, generated from [`api`] and the handlers.
 //! - [`config`] is the server's settings: flags, environment and configuration file; [`serve`]
 //!   runs it all.
 //!
@@ -39,6 +40,7 @@ pub mod http;
 pub mod limits;
 pub mod logprobs;
 pub mod metrics;
+pub mod openapi;
 pub mod state;
 #[cfg(test)]
 pub(crate) mod test_support;

@@ -6,6 +6,7 @@
 //! - `swarmgate bench` drives the engine in process and reports throughput and latency, or what
 //!   prefix caching saves on an agent workload.
 //! - `swarmgate plan` shows where the agents of a swarm file would run within device budgets.
+//! - `swarmgate openapi` prints the HTTP API's OpenAPI document.
 
 mod tools;
 
@@ -33,6 +34,9 @@ enum Command {
     Bench(tools::bench::BenchArgs),
     /// Place a swarm's agents and models on devices within their memory budgets.
     Plan(tools::plan::PlanArgs),
+    /// Print the HTTP API's OpenAPI document (`--write openapi/openapi.json` updates the
+    /// committed copy).
+    Openapi(tools::openapi::OpenApiArgs),
 }
 
 fn main() -> Result<()> {
@@ -58,6 +62,7 @@ fn main() -> Result<()> {
         Command::Generate(args) => tools::generate::run(args),
         Command::Bench(args) => tools::bench::run(args),
         Command::Plan(args) => tools::plan::run(args),
+        Command::Openapi(args) => tools::openapi::run(args),
     }
 }
 

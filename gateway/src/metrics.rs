@@ -34,6 +34,7 @@ use metrics_exporter_prometheus::{
 
 use crate::app::AppState;
 use crate::error::{ApiError, Rejection};
+use crate::openapi::AuthErrors;
 
 const HTTP_REQUESTS: &str = "swarmgate_http_requests_total";
 const REJECTIONS: &str = "swarmgate_rejections_total";
@@ -435,7 +436,12 @@ pub async fn track(State(state): State<AppState>, request: Request, next: Next) 
     response
 }
 
-/// `GET /metrics`.
+/// `GET /metrics`: every series in Prometheus' text format.
+#[utoipa::path(get, path = "/metrics", tag = "probes", responses(
+    (status = 200, description = "Prometheus' text exposition format.", body = String,
+        content_type = "text/plain; version=0.0.4"),
+    AuthErrors,
+))]
 pub async fn scrape(State(state): State<AppState>) -> Response {
     let text = state.metrics().render(state.engine().stats());
     (

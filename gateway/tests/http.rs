@@ -525,3 +525,19 @@ async fn completions_stream_every_choice_then_usage() {
     }
     wait_until_idle().await;
 }
+
+#[tokio::test]
+async fn serves_its_openapi_spec_and_docs_page() {
+    let response = app(state()).oneshot(get("/openapi.json")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    assert_eq!(body, include_str!("../../openapi/openapi.json").as_bytes());
+    let response = app(state()).oneshot(get("/docs")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&body).contains("/openapi.json"));
+}

@@ -34,7 +34,7 @@ STARTUP_TIMEOUT = 120.0
 class Server:
     """A running `swarmgate serve`: its address, and the means to stop it."""
 
-    def __init__(self, name: str, extra_args: list[str]):
+    def __init__(self, name: str, extra_args: list[str], kv_cache_mb: int = 128):
         binary = os.environ.get("SWARMGATE_BIN")
         if not binary or not os.access(binary, os.X_OK):
             pytest.exit(
@@ -46,7 +46,8 @@ class Server:
         config.write_text("")
         self.log_path = pathlib.Path(self.scratch.name, "server.log")
         self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.origin = f"http://127.0.0.1:{self.port}"
+        self.base_url = f"{self.origin}/v1"
         args = [
             binary, "serve",
             "--config", str(config),
@@ -54,7 +55,7 @@ class Server:
             "--port", str(self.port),
             "--grpc-port", str(free_port()),
             "--api-key", API_KEY,
-            "--kv-cache-mb", "128",
+            "--kv-cache-mb", str(kv_cache_mb),
             "--host-kv-cache-mb", "64",
             "--shutdown-grace-secs", "2",
             *extra_args,
@@ -166,6 +167,17 @@ def limited_server():
     rate-limit test cannot disturb the others. It serves no embeddings: only chat is asked of
     it."""
     server = Server("limited", ["--rpm", "2", "--embedding-model", "/nonexistent"])
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def small_server():
+    """A server whose KV cache holds a few hundred tokens, so that any request, however long it
+    asks to generate, ends within seconds: for fuzzing."""
+    server = Server("small", [], kv_cache_mb=8)
     try:
         yield server
     finally:

@@ -8,20 +8,24 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use super::{FinishReason, GenerationOptions, TextInput, Usage};
 
 /// `POST /v1/completions`.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, ToSchema)]
+#[schema(example = json!({"model": "default", "prompt": "Once upon a time", "max_tokens": 8}))]
 pub struct CompletionRequest {
     /// The served model's id or `"default"`; absent means the served model.
     pub model: Option<String>,
     /// Required by OpenAI; optional here so that its absence is a 400 naming `prompt`. Several
     /// prompts (texts or token lists) each get `n` answers.
+    #[schema(required = true)]
     pub prompt: Option<TextInput>,
     /// Put the prompt in front of the answer (and its tokens in front of `logprobs`).
     pub echo: Option<bool>,
-    /// Report each token's log-probability and this many likeliest alternatives (0 to 5).
+    /// Report each token's log-probability and this many likeliest alternatives (0 to 20).
+    #[schema(minimum = 0, maximum = 20)]
     pub logprobs: Option<i64>,
     /// Text after the insertion point; this server has no fill-in-the-middle.
     pub suffix: Option<String>,
@@ -32,7 +36,7 @@ pub struct CompletionRequest {
 }
 
 /// A whole, non-streamed answer.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct Completion {
     /// `cmpl-...`
     pub id: String,
@@ -47,7 +51,7 @@ pub struct Completion {
 
 /// One answer; the same shape in a streamed chunk, where `text` is the new text only and
 /// `finish_reason` is `null` until the choice's last chunk.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct CompletionChoice {
     /// `prompt_index * n + answer_index`.
     pub index: u32,
@@ -57,7 +61,7 @@ pub struct CompletionChoice {
 }
 
 /// One server-sent event of a streamed answer.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct CompletionChunk {
     /// The same for every chunk of one answer.
     pub id: String,
@@ -70,6 +74,7 @@ pub struct CompletionChunk {
     /// As for chat: present only with `stream_options.include_usage`, `null` but on the last
     /// chunk before `[DONE]`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Usage>)]
     pub usage: Option<Option<Usage>>,
     /// Set on the chunk that ends a choice that failed midway.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -77,7 +82,7 @@ pub struct CompletionChunk {
 }
 
 /// The legacy `logprobs`: parallel arrays, one entry per token.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, ToSchema)]
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
     /// `null` for the first token of an echoed prompt, which nothing predicts.

@@ -5,13 +5,16 @@
 //! does not do with the field named; the response follows OpenAI's shape field for field.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use super::TextInput;
 
 /// `POST /v1/embeddings`.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, ToSchema)]
+#[schema(example = json!({"model": "default", "input": ["The cat sat on the mat.", "A feline rested."]}))]
 pub struct EmbeddingRequest {
     /// Required by OpenAI; optional here so that its absence is a 400 naming `input`.
+    #[schema(required = true)]
     pub input: Option<TextInput>,
     /// The served embedding model's id or `"default"`; absent means the served model.
     pub model: Option<String>,
@@ -24,7 +27,7 @@ pub struct EmbeddingRequest {
 }
 
 /// The answer: one embedding per input, in input order.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct CreateEmbeddingResponse {
     /// Always `"list"`.
     pub object: &'static str,
@@ -33,7 +36,7 @@ pub struct CreateEmbeddingResponse {
     pub usage: EmbeddingUsage,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct Embedding {
     /// Always `"embedding"`.
     pub object: &'static str,
@@ -44,7 +47,7 @@ pub struct Embedding {
 
 /// The vector as numbers, or as `encoding_format: "base64"` asks: its little-endian f32 bytes in
 /// standard base64.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]
 #[serde(untagged)]
 pub enum EmbeddingVector {
     Float(Vec<f32>),
@@ -52,7 +55,7 @@ pub enum EmbeddingVector {
 }
 
 /// Embeddings have no completion, so OpenAI's usage has only these two.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, ToSchema)]
 pub struct EmbeddingUsage {
     pub prompt_tokens: usize,
     pub total_tokens: usize,

@@ -25,7 +25,7 @@ use tokenizers::Tokenizer;
 
 use crate::api::{
     self, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
-    ChoiceLogprobs, ChunkChoice, ChunkDelta, ErrorBody,
+    ChoiceLogprobs, ChunkChoice, ChunkDelta, ErrorBody, StreamEvent,
 };
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -33,11 +33,22 @@ use crate::http::choices::{sse_response, Choices, ChunkFormat, Update};
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
 use crate::logprobs;
+use crate::openapi::GenerationErrors;
 use crate::validate::{validate_chat, ValidChatRequest};
 
 /// What an engine stream that ends without its final event tells the client.
 pub(crate) const LOST_STREAM: &str = "the engine ended the request without finishing it";
 
+/// Creates a model response for the given chat conversation.
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "generation",
+    request_body = ChatCompletionRequest,
+    responses(
+        (status = 200, description = "The answer, or with `stream: true` server-sent events \
+            of `ChatCompletionChunk`s ended by `data: [DONE]`.",
+            content((ChatCompletion = "application/json"), (StreamEvent = "text/event-stream"))),
+        GenerationErrors,
+    ),
+    security(("api_key" = [])))]
 pub async fn create(
     State(state): State<AppState>,
     admission: Admission,

@@ -18,7 +18,7 @@ use tokenizers::Tokenizer;
 use crate::api::completions::{
     Completion, CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionRequest,
 };
-use crate::api::{self, ErrorBody};
+use crate::api::{self, ErrorBody, StreamEvent};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::chat::unix_now;
@@ -26,8 +26,19 @@ use crate::http::choices::{sse_response, Choices, ChunkFormat, Update};
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
 use crate::logprobs::Legacy;
+use crate::openapi::GenerationErrors;
 use crate::validate::completion::{validate_completion, ValidCompletionRequest};
 
+/// Completes a text prompt (the legacy completions API).
+#[utoipa::path(post, path = "/v1/completions", tag = "generation",
+    request_body = CompletionRequest,
+    responses(
+        (status = 200, description = "The answer, or with `stream: true` server-sent events \
+            of `CompletionChunk`s ended by `data: [DONE]`.",
+            content((Completion = "application/json"), (StreamEvent = "text/event-stream"))),
+        GenerationErrors,
+    ),
+    security(("api_key" = [])))]
 pub async fn create(
     State(state): State<AppState>,
     admission: Admission,

@@ -26,6 +26,7 @@ use crate::api::embeddings::{
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::json::ApiJson;
+use crate::openapi::GenerationErrors;
 use crate::validate::embeddings::{validate_embeddings, EncodingFormat, ValidEmbeddingRequest};
 use crate::validate::DEFAULT_MODEL_ALIAS;
 
@@ -87,6 +88,15 @@ impl Embeddings {
     }
 }
 
+/// Embeds one text or several.
+#[utoipa::path(post, path = "/v1/embeddings", tag = "embeddings",
+    request_body = EmbeddingRequest,
+    responses(
+        (status = 200, description = "One embedding per input, in input order.",
+            body = CreateEmbeddingResponse),
+        GenerationErrors,
+    ),
+    security(("api_key" = [])))]
 pub async fn create(
     State(state): State<AppState>,
     ApiJson(request): ApiJson<EmbeddingRequest>,

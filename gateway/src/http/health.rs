@@ -2,25 +2,37 @@
 //!
 //! Both must stay cheap and never touch the engine's queue: a probe that waits behind
 //! generation would mark a busy server dead. `/ready` checks that the models are loaded and the
-//! engine loop is running; a server that is not ready answers 503 with the envelope, naming what
-//! is missing.
+//! engine loop is running; a server that is not ready answers 503 with the envelope.
 
 use axum::extract::State;
 use axum::Json;
-use serde_json::{json, Value};
 
+use crate::api::{ErrorResponse, Health, Readiness};
 use crate::app::AppState;
 use crate::error::ApiError;
 
-pub async fn health() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// Whether the server is up.
+#[utoipa::path(get, path = "/health", tag = "probes",
+    responses((status = 200, description = "The server is up.", body = Health)))]
+pub async fn health() -> Json<Health> {
+    Json(Health { status: "ok" })
 }
 
-pub async fn ready(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+/// Whether the server can serve: models loaded, engine running.
+#[utoipa::path(get, path = "/ready", tag = "probes", responses(
+    (status = 200, description = "Ready to serve.", body = Readiness),
+    (status = 503, description = "The engine is not running.", body = ErrorResponse),
+))]
+pub async fn ready(State(state): State<AppState>) -> Result<Json<Readiness>, ApiError> {
     if !state.engine().is_running() {
         return Err(ApiError::Unavailable);
     }
-    let mut models = vec![state.model_id()];
-    models.extend(state.embedding_model_id());
-    Ok(Json(json!({"status": "ready", "models": models})))
+    let models = std::iter::once(state.model_id())
+        .chain(state.embedding_model_id())
+        .map(str::to_owned)
+        .collect();
+    Ok(Json(Readiness {
+        status: "ready",
+        models,
+    }))
 }

@@ -11,7 +11,7 @@
 //! log-probabilities), a last chunk with an empty delta and the `finish_reason`; then the usage
 //! chunk when asked for (`choices: []`), then `data: [DONE]`.
 //!
-//! The chunks are built from [`Update`]s alone, so their shape is unit-tested below without an
+//! The chunks are built from [`crate::http::choices::Update`]s alone, so their shape is unit-tested below without an
 //! engine.
 
 use std::sync::Arc;
@@ -25,11 +25,11 @@ use tokenizers::Tokenizer;
 
 use crate::api::{
     self, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
-    ChoiceLogprobs, ChunkChoice, ChunkDelta, ErrorBody, StreamEvent,
+    ChoiceLogprobs, ChunkChoice, ChunkDelta, StreamEvent,
 };
 use crate::app::AppState;
 use crate::error::ApiError;
-use crate::http::choices::{sse_response, Choices, ChunkFormat, Update};
+use crate::http::choices::{Choices, ChunkFormat};
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
 use crate::logprobs;
@@ -65,8 +65,7 @@ pub async fn create(
         logprobs,
         ..
     } = validate_chat(request, engine.model())?;
-    let mut choices =
-        Choices::submit(&state, &admission, vec![(prompt_tokens, generate)], n).await?;
+    let choices = Choices::submit(&state, &admission, vec![(prompt_tokens, generate)], n).await?;
     let answer = Answer {
         id: format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()),
         created: unix_now(),
@@ -99,12 +98,7 @@ pub async fn create(
         })
         .into_response());
     }
-    let first = choices.next().await;
-    if let Some(Update::Failed { error, .. }) = first {
-        return Err(error);
-    }
-    let frames = choices.frames(answer, first, state.metrics().clone());
-    Ok(sse_response(frames))
+    choices.stream(answer, state.metrics().clone()).await
 }
 
 /// What the completion, or every chunk, of one answer shares.
@@ -156,6 +150,14 @@ impl Answer {
 impl ChunkFormat for Answer {
     type Chunk = ChatCompletionChunk;
 
+    fn empty(&self) -> ChatCompletionChunk {
+        self.chunk(Vec::new())
+    }
+
+    fn include_usage(&self) -> bool {
+        self.include_usage
+    }
+
     fn opening(&self, index: usize) -> Option<ChatCompletionChunk> {
         let delta = ChunkDelta {
             role: Some("assistant"),
@@ -189,20 +191,6 @@ impl ChunkFormat for Answer {
 
     fn finished(&self, index: usize, reason: api::FinishReason) -> ChatCompletionChunk {
         self.choice_chunk(index, ChunkDelta::default(), None, Some(reason))
-    }
-
-    fn failed(&self, index: usize, error: ErrorBody) -> ChatCompletionChunk {
-        let mut chunk = self.finished(index, api::FinishReason::Error);
-        chunk.error = Some(error);
-        chunk
-    }
-
-    fn usage(&self, usage: api::Usage) -> Option<ChatCompletionChunk> {
-        self.include_usage.then(|| {
-            let mut chunk = self.chunk(Vec::new());
-            chunk.usage = Some(Some(usage));
-            chunk
-        })
     }
 }
 

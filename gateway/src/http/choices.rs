@@ -207,6 +207,20 @@ impl Choices {
         Ok((choices, self.usage()))
     }
 
+    /// The answers as a server-sent events response in `format`. The headers wait for the
+    /// first update, so that a request that fails before any output (a deadline before its
+    /// first token) still gets an error status.
+    pub async fn stream<F>(mut self, format: F, metrics: Metrics) -> Result<Response, ApiError>
+    where
+        F: ChunkFormat + Send + 'static,
+    {
+        let first = self.next().await;
+        if let Some(Update::Failed { error, .. }) = first {
+            return Err(error);
+        }
+        Ok(sse_response(self.frames(format, first, metrics)))
+    }
+
     /// The answers as server-sent events in `format`. `first` is an update already taken (so
     /// that a failure before any output could still become an error response); failures after
     /// it are counted in `metrics`.
@@ -261,9 +275,21 @@ pub struct Collected {
     pub finish_reason: Option<api::FinishReason>,
 }
 
+/// What the streamed chunks of every endpoint carry besides their choices.
+pub trait StreamChunk {
+    /// Marks a failed choice's last chunk with the error.
+    fn set_error(&mut self, error: ErrorBody);
+    /// Makes a chunk the one with the request's token counts.
+    fn set_usage(&mut self, usage: api::Usage);
+}
+
 /// How an endpoint shapes its chunks.
 pub trait ChunkFormat {
-    type Chunk: Serialize + Send + 'static;
+    type Chunk: StreamChunk + Serialize + Send + 'static;
+    /// A chunk without choices.
+    fn empty(&self) -> Self::Chunk;
+    /// Whether the client asked for the usage chunk (`stream_options.include_usage`).
+    fn include_usage(&self) -> bool;
     /// The chunk that opens choice `index`, if the format has one (chat's role chunk).
     fn opening(&self, index: usize) -> Option<Self::Chunk>;
     /// The prompt's log-probabilities for choice `index` (only formats that ask for them get
@@ -279,10 +305,37 @@ pub trait ChunkFormat {
     /// The last chunk of choice `index`.
     fn finished(&self, index: usize, reason: api::FinishReason) -> Self::Chunk;
     /// The last chunk of a choice that failed: `finish_reason: "error"` and `error`.
-    fn failed(&self, index: usize, error: ErrorBody) -> Self::Chunk;
-    /// The chunk with the request's token counts (`stream_options.include_usage`).
-    fn usage(&self, usage: api::Usage) -> Option<Self::Chunk>;
+    fn failed(&self, index: usize, error: ErrorBody) -> Self::Chunk {
+        let mut chunk = self.finished(index, api::FinishReason::Error);
+        chunk.set_error(error);
+        chunk
+    }
+    /// The chunk with the request's token counts, when asked for.
+    fn usage(&self, usage: api::Usage) -> Option<Self::Chunk> {
+        self.include_usage().then(|| {
+            let mut chunk = self.empty();
+            chunk.set_usage(usage);
+            chunk
+        })
+    }
 }
+
+/// The chunk types share these fields by name, not by type.
+macro_rules! stream_chunk {
+    ($($chunk:ty),*) => {$(
+        impl StreamChunk for $chunk {
+            fn set_error(&mut self, error: ErrorBody) {
+                self.error = Some(error);
+            }
+
+            fn set_usage(&mut self, usage: api::Usage) {
+                self.usage = Some(Some(usage));
+            }
+        }
+    )*};
+}
+
+stream_chunk!(api::ChatCompletionChunk, api::completions::CompletionChunk);
 
 /// One server-sent event.
 #[derive(Debug)]

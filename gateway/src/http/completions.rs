@@ -18,11 +18,11 @@ use tokenizers::Tokenizer;
 use crate::api::completions::{
     Completion, CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionRequest,
 };
-use crate::api::{self, ErrorBody, StreamEvent};
+use crate::api::{self, StreamEvent};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::chat::unix_now;
-use crate::http::choices::{sse_response, Choices, ChunkFormat, Update};
+use crate::http::choices::{Choices, ChunkFormat};
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
 use crate::logprobs::Legacy;
@@ -63,7 +63,7 @@ pub async fn create(
         .into_iter()
         .map(|p| (p.tokens, p.generate))
         .collect();
-    let mut choices = Choices::submit(&state, &admission, requests, n).await?;
+    let choices = Choices::submit(&state, &admission, requests, n).await?;
     let mut answer = TextAnswer {
         id: format!("cmpl-{}", uuid::Uuid::new_v4().simple()),
         created: unix_now(),
@@ -104,12 +104,7 @@ pub async fn create(
         })
         .into_response());
     }
-    let first = choices.next().await;
-    if let Some(Update::Failed { error, .. }) = first {
-        return Err(error);
-    }
-    let frames = choices.frames(answer, first, state.metrics().clone());
-    Ok(sse_response(frames))
+    choices.stream(answer, state.metrics().clone()).await
 }
 
 /// What the completion, or every chunk, of one answer shares.
@@ -188,6 +183,14 @@ impl TextAnswer {
 impl ChunkFormat for TextAnswer {
     type Chunk = CompletionChunk;
 
+    fn empty(&self) -> CompletionChunk {
+        self.chunk(Vec::new())
+    }
+
+    fn include_usage(&self) -> bool {
+        self.include_usage
+    }
+
     /// The echoed prompt, unless it waits for its log-probabilities.
     fn opening(&self, index: usize) -> Option<CompletionChunk> {
         let echo = self.echo_of(index);
@@ -217,19 +220,5 @@ impl ChunkFormat for TextAnswer {
 
     fn finished(&self, index: usize, reason: api::FinishReason) -> CompletionChunk {
         self.choice_chunk(index, String::new(), None, Some(reason))
-    }
-
-    fn failed(&self, index: usize, error: ErrorBody) -> CompletionChunk {
-        let mut chunk = self.finished(index, api::FinishReason::Error);
-        chunk.error = Some(error);
-        chunk
-    }
-
-    fn usage(&self, usage: api::Usage) -> Option<CompletionChunk> {
-        self.include_usage.then(|| {
-            let mut chunk = self.chunk(Vec::new());
-            chunk.usage = Some(Some(usage));
-            chunk
-        })
     }
 }

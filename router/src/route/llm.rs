@@ -1,0 +1,2 @@
+//! The `llm` strategy (next).
+pub struct LlmRouter;

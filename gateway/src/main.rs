@@ -5,6 +5,8 @@
 //! - `swarmgate generate` answers one prompt on the command line.
 //! - `swarmgate bench` drives the engine in process and reports throughput and latency, or what
 //!   prefix caching saves on an agent workload.
+//! - `swarmgate eval routing FILE` measures the routing agent's accuracy and latency on
+//!   labelled queries.
 //! - `swarmgate plan` shows where the agents of a swarm file would run within device budgets.
 
 mod tools;
@@ -33,6 +35,8 @@ enum Command {
     Bench(tools::bench::BenchArgs),
     /// Place a swarm's agents and models on devices within their memory budgets.
     Plan(tools::plan::PlanArgs),
+    /// Measure a gateway decision against labelled data (`eval routing FILE`).
+    Eval(tools::eval::EvalArgs),
 }
 
 fn main() -> Result<()> {
@@ -58,6 +62,7 @@ fn main() -> Result<()> {
         Command::Generate(args) => tools::generate::run(args),
         Command::Bench(args) => tools::bench::run(args),
         Command::Plan(args) => tools::plan::run(args),
+        Command::Eval(args) => tools::eval::run(args),
     }
 }
 

@@ -1,5 +1,6 @@
 //! Command-line tools built into the binary.
 
 pub mod bench;
+pub mod eval;
 pub mod generate;
 pub mod plan;

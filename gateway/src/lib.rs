@@ -80,7 +80,9 @@ pub async fn serve(
     let swarm = match config.swarm_file() {
         Some(path) => {
             let swarm_config = router::SwarmConfig::load(&path)?;
-            let embedder = embeddings.as_ref().map(http::embeddings::Embeddings::embedder);
+            let embedder = embeddings
+                .as_ref()
+                .map(http::embeddings::Embeddings::embedder);
             let swarm = http::swarm::Swarm::new(swarm_config, engine.clone(), embedder)?;
             swarm
                 .prepare()

@@ -83,17 +83,26 @@ mod tests {
             messages: vec![message("system", "s")],
             strategy: None,
         };
-        assert_eq!(param(validate_route(no_user).unwrap_err()).as_deref(), Some("messages"));
+        assert_eq!(
+            param(validate_route(no_user).unwrap_err()).as_deref(),
+            Some("messages")
+        );
         let blank = RouteRequest {
             messages: vec![message("user", "  ")],
             strategy: None,
         };
-        assert_eq!(param(validate_route(blank).unwrap_err()).as_deref(), Some("messages"));
+        assert_eq!(
+            param(validate_route(blank).unwrap_err()).as_deref(),
+            Some("messages")
+        );
         let unknown = RouteRequest {
             messages: vec![message("user", "hi")],
             strategy: Some("dice".into()),
         };
-        assert_eq!(param(validate_route(unknown).unwrap_err()).as_deref(), Some("strategy"));
+        assert_eq!(
+            param(validate_route(unknown).unwrap_err()).as_deref(),
+            Some("strategy")
+        );
         let bad_role = RouteRequest {
             messages: vec![message("tool", "hi")],
             strategy: None,

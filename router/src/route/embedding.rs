@@ -231,7 +231,12 @@ mod tests {
             let total: f32 = route.scores.values().sum();
             assert!((total - 1.0).abs() < 1e-4, "{route:?}");
             assert_eq!(
-                route.scores.iter().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0,
+                route
+                    .scores
+                    .iter()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .unwrap()
+                    .0,
                 &route.agent
             );
         }
@@ -247,7 +252,9 @@ mod tests {
         assert_eq!(route_strict.agent.as_str(), "general", "{route:?}");
         assert_eq!(route_strict.scores, route.scores);
         // Small talk has no specialist at all.
-        let route = router(0.05).route(&registry, "hello, how are you today?").unwrap();
+        let route = router(0.05)
+            .route(&registry, "hello, how are you today?")
+            .unwrap();
         assert_eq!(route.agent.as_str(), "general", "{route:?}");
     }
 
@@ -258,8 +265,10 @@ mod tests {
         let text = "Which wine goes with grilled salmon?";
         let before = router.route(&shared.snapshot(), text).unwrap();
         assert_ne!(before.agent.as_str(), "sommelier");
-        let mut sommelier = AgentSpec::new(AgentId::new("sommelier").unwrap(), AgentKind::Specialist);
-        sommelier.description = "Wine pairing and wine recommendations for food and occasions.".into();
+        let mut sommelier =
+            AgentSpec::new(AgentId::new("sommelier").unwrap(), AgentKind::Specialist);
+        sommelier.description =
+            "Wine pairing and wine recommendations for food and occasions.".into();
         sommelier.routing_examples = vec![
             "Which red wine goes with a beef stew?".into(),
             "Suggest a white wine for a seafood dinner.".into(),
@@ -273,7 +282,10 @@ mod tests {
             .unwrap();
         let removed = router.route(&shared.snapshot(), text).unwrap();
         assert!(!removed.scores.contains_key("sommelier"));
-        assert_eq!(removed.scores, before.scores, "unchanged agents keep their anchors");
+        assert_eq!(
+            removed.scores, before.scores,
+            "unchanged agents keep their anchors"
+        );
     }
 
     #[test]
@@ -297,7 +309,10 @@ mod tests {
         let shares = softmax(&[0.5, 0.4, 0.4], 0.05);
         assert!((shares.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         // A lead of 0.1 in cosine is e^2 (7.4) times the share.
-        assert!((shares[0] / shares[1] - 2f32.exp()).abs() < 1e-3, "{shares:?}");
+        assert!(
+            (shares[0] / shares[1] - 2f32.exp()).abs() < 1e-3,
+            "{shares:?}"
+        );
         assert_eq!(shares[1], shares[2]);
     }
 }

@@ -116,7 +116,11 @@ fn system_prompt(registry: &Registry) -> String {
     let mut prompt = String::from("You route requests to the right specialist. They are:\n");
     let mut names = Vec::new();
     for agent in answering_agents(registry) {
-        let summary = agent.description.split_whitespace().collect::<Vec<_>>().join(" ");
+        let summary = agent
+            .description
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
         prompt.push_str(&format!("- {}: {summary}\n", agent.name));
         names.push(agent.name.as_str());
     }

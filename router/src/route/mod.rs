@@ -119,7 +119,10 @@ mod tests {
         assert_eq!(decide(&registry, &clear, 0.15).as_str(), "general");
         let general_best = scores(&[("coder", 0.3), ("general", 0.9)]);
         assert_eq!(decide(&registry, &general_best, 0.05).as_str(), "general");
-        assert_eq!(decide(&registry, &BTreeMap::new(), 0.05).as_str(), "general");
+        assert_eq!(
+            decide(&registry, &BTreeMap::new(), 0.05).as_str(),
+            "general"
+        );
     }
 
     #[test]

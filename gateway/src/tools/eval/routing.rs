@@ -155,8 +155,8 @@ async fn start_server(args: &RoutingArgs) -> Result<String> {
         .prepare()
         .await
         .map_err(|e| anyhow::anyhow!("cannot index the swarm's agents: {e}"))?;
-    let mut state = gateway::AppState::new(engine, gateway::config::DEFAULT_MAX_BODY_BYTES)
-        .with_swarm(swarm);
+    let mut state =
+        gateway::AppState::new(engine, gateway::config::DEFAULT_MAX_BODY_BYTES).with_swarm(swarm);
     if let Some(embeddings) = embeddings {
         state = state.with_embeddings(embeddings);
     }
@@ -237,7 +237,11 @@ fn render(report: &Report) -> String {
         report.correct,
         report.queries
     );
-    let _ = writeln!(out, "{:<10} {:>9} {:>7} {:>6}", "agent", "precision", "recall", "n");
+    let _ = writeln!(
+        out,
+        "{:<10} {:>9} {:>7} {:>6}",
+        "agent", "precision", "recall", "n"
+    );
     for (agent, a) in &report.agents {
         let _ = writeln!(
             out,
@@ -250,7 +254,11 @@ fn render(report: &Report) -> String {
         .iter()
         .flat_map(|(expected, row)| std::iter::once(expected).chain(row.keys()))
         .collect();
-    let _ = write!(out, "\nconfusion (rows: expected, columns: chosen)\n{:<10}", "");
+    let _ = write!(
+        out,
+        "\nconfusion (rows: expected, columns: chosen)\n{:<10}",
+        ""
+    );
     for column in &columns {
         let _ = write!(out, " {:>8}", truncate(column));
     }

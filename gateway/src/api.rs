@@ -14,6 +14,7 @@
 pub mod completions;
 pub mod embeddings;
 pub mod models;
+pub mod swarm;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;

@@ -24,6 +24,7 @@ use crate::auth::{self, Auth};
 use crate::config::ServeConfig;
 use crate::http;
 use crate::http::embeddings::Embeddings;
+use crate::http::swarm::Swarm;
 use crate::limits::{self, Limits};
 use crate::metrics::{self, Metrics};
 use crate::openapi;
@@ -34,6 +35,8 @@ pub struct AppState {
     inner: Arc<Inner>,
     /// Absent when the server runs without an embedding model.
     embeddings: Option<Embeddings>,
+    /// Absent when the server runs without a swarm file.
+    swarm: Option<Swarm>,
 }
 
 struct Inner {
@@ -73,6 +76,7 @@ impl AppState {
                 metrics: Metrics::new(),
             }),
             embeddings: None,
+            swarm: None,
         }
     }
 
@@ -80,6 +84,16 @@ impl AppState {
     pub fn with_embeddings(mut self, embeddings: Embeddings) -> Self {
         self.embeddings = Some(embeddings);
         self
+    }
+
+    /// The same state, also routing requests among `swarm`'s agents.
+    pub fn with_swarm(mut self, swarm: Swarm) -> Self {
+        self.swarm = Some(swarm);
+        self
+    }
+
+    pub fn swarm(&self) -> Option<&Swarm> {
+        self.swarm.as_ref()
     }
 
     pub fn embeddings(&self) -> Option<&Embeddings> {
@@ -147,6 +161,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/completions", post(http::completions::create))
         .route("/v1/embeddings", post(http::embeddings::create))
         .route("/v1/models", get(http::models::list))
+        .route("/v1/swarm/route", post(http::swarm::route))
         .route("/health", get(http::health::health))
         .route("/ready", get(http::health::ready))
         .route("/metrics", get(metrics::scrape))

@@ -23,6 +23,9 @@ use crate::deadline::Timeouts;
 /// The file read when neither `--config` nor `SWARMGATE_CONFIG` names one, if it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "swarmgate.toml";
 
+/// The swarm file read when none is named, if it exists in the working directory.
+pub const DEFAULT_SWARM_FILE: &str = "swarm.toml";
+
 /// Settings for `swarmgate serve`.
 #[derive(Clone, Debug, clap::Args, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -85,6 +88,10 @@ pub struct ServeConfig {
     /// once streaming, with an error chunk).
     #[arg(long, env = "SWARMGATE_REQUEST_TIMEOUT_SECS", default_value_t = 600.0)]
     pub request_timeout_secs: f64,
+    /// The swarm file: its agents and how requests are routed among them (`POST
+    /// /v1/swarm/route`) [default: swarm.toml, if present]. Without one the server has no swarm.
+    #[arg(long, env = "SWARMGATE_SWARM")]
+    pub swarm: Option<PathBuf>,
     #[command(flatten)]
     pub engine: EngineConfig,
     #[command(flatten)]
@@ -112,6 +119,7 @@ impl Default for ServeConfig {
             max_queued_requests: 1024,
             first_token_timeout_secs: 60.0,
             request_timeout_secs: 600.0,
+            swarm: None,
             engine: EngineConfig::default(),
             embedding: EmbedderConfig::default(),
         }
@@ -243,6 +251,13 @@ impl ServeConfig {
             }
         }
         Ok(())
+    }
+
+    /// The swarm file to load: the one named, else `swarm.toml` when there is one.
+    pub fn swarm_file(&self) -> Option<PathBuf> {
+        self.swarm
+            .clone()
+            .or_else(|| Some(PathBuf::from(DEFAULT_SWARM_FILE)).filter(|p| p.is_file()))
     }
 
     /// The per-request timeouts; the config must be valid.

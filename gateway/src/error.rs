@@ -225,6 +225,16 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl From<router::RouterError> for ApiError {
+    fn from(e: router::RouterError) -> Self {
+        match e {
+            router::RouterError::Engine(e) => Self::from(e),
+            // The swarm was checked at start; any other failure while serving is ours.
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {

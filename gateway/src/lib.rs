@@ -79,9 +79,33 @@ pub async fn serve(
                 .with_context(|| format!("cannot listen on {}:{port} (gRPC)", config.host))?,
         ),
     };
+    let swarm = match config.swarm_file() {
+        Some(path) => {
+            let swarm_config = router::SwarmConfig::load(&path)?;
+            let embedder = embeddings
+                .as_ref()
+                .map(http::embeddings::Embeddings::embedder);
+            let swarm = http::swarm::Swarm::new(swarm_config, engine.clone(), embedder)?;
+            swarm
+                .prepare()
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot index the swarm's agents: {e}"))?;
+            tracing::info!(
+                swarm = %path.display(),
+                agents = swarm.registry().snapshot().agents().count(),
+                strategy = ?swarm.routing().strategy,
+                "swarm loaded"
+            );
+            Some(swarm)
+        }
+        None => None,
+    };
     let mut state = AppState::configured(engine, &config);
     if let Some(embeddings) = embeddings {
         state = state.with_embeddings(embeddings);
+    }
+    if let Some(swarm) = swarm {
+        state = state.with_swarm(swarm);
     }
     // One signal, awaited by both servers and by the grace period.
     let signal = shutdown_signal().shared();

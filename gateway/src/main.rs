@@ -5,6 +5,8 @@
 //! - `swarmgate generate` answers one prompt on the command line.
 //! - `swarmgate bench` drives the engine in process and reports throughput and latency, or what
 //!   prefix caching saves on an agent workload.
+//! - `swarmgate eval routing FILE` measures the routing agent's accuracy and latency on
+//!   labelled queries.
 //! - `swarmgate plan` shows where the agents of a swarm file would run within device budgets.
 //! - `swarmgate openapi` prints the HTTP API's OpenAPI document.
 
@@ -37,6 +39,8 @@ enum Command {
     /// Print the HTTP API's OpenAPI document (`--write openapi/openapi.json` updates the
     /// committed copy).
     Openapi(tools::openapi::OpenApiArgs),
+    /// Measure a gateway decision against labelled data (`eval routing FILE`).
+    Eval(tools::eval::EvalArgs),
 }
 
 fn main() -> Result<()> {
@@ -63,6 +67,7 @@ fn main() -> Result<()> {
         Command::Bench(args) => tools::bench::run(args),
         Command::Plan(args) => tools::plan::run(args),
         Command::Openapi(args) => tools::openapi::run(args),
+        Command::Eval(args) => tools::eval::run(args),
     }
 }
 

@@ -19,6 +19,7 @@
 
 pub mod completion;
 pub mod embeddings;
+pub mod swarm;
 
 use engine::{ChatMessage, GenerateRequest, ModelInfo, Prompt, ResponseFormat, SamplingParams};
 
@@ -376,7 +377,7 @@ fn stop(stop: Option<Stop>) -> Result<Vec<String>, ApiError> {
     Ok(stop)
 }
 
-fn messages(messages: Vec<api::ChatMessage>) -> Result<Vec<ChatMessage>, ApiError> {
+pub(crate) fn messages(messages: Vec<api::ChatMessage>) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
             "messages",

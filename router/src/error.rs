@@ -42,6 +42,9 @@ pub enum RouterError {
     /// The agents together break a rule of the swarm (one fallback, one router, ...).
     #[error("swarm invariant: {0}")]
     Invariant(String),
+    /// The embedding model or the engine failed while routing.
+    #[error("routing: {0}")]
+    Engine(#[from] engine::EngineError),
     /// An agent runs on a model the placement's model catalog does not size.
     #[error("agent `{agent}` runs on model `{model}`, which the model catalog does not know")]
     UnknownModel { agent: AgentId, model: ModelId },

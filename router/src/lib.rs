@@ -7,6 +7,8 @@
 //! - [`registry`] holds the agents by name and keeps the swarm's rules (one general fallback, at
 //!   most one router and one verifier); [`SharedRegistry`] shares it between request handlers as
 //!   immutable snapshots.
+//! - [`route`] is the routing agent: it picks the agent for a request sent to the `swarm`
+//!   model, by embeddings or by asking the generative model.
 //! - [`placement`] decides which device hosts which model replica and which agents, within each
 //!   device's memory budget.
 //!
@@ -75,6 +77,7 @@ pub mod config;
 pub mod error;
 pub mod placement;
 pub mod registry;
+pub mod route;
 
 pub use agent::{
     AgentId, AgentKind, AgentSpec, ModelId, OnFailure, SamplingDefaults, StreamMode,
@@ -87,3 +90,4 @@ pub use placement::{
     ModelFootprint, Placement,
 };
 pub use registry::{Registry, SharedRegistry};
+pub use route::{EmbeddingRouter, LlmRouter, Route};

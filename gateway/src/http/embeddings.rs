@@ -64,6 +64,11 @@ impl Embeddings {
         Ok(Some(Self::new(embedder)))
     }
 
+    /// The model itself, for other users of it (the embedding routing strategy).
+    pub fn embedder(&self) -> Arc<Embedder> {
+        self.embedder.clone()
+    }
+
     /// The id clients name the model by.
     pub fn model_id(&self) -> &str {
         self.embedder.id()

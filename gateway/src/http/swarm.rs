@@ -1,0 +1,141 @@
+//! `POST /v1/swarm/route`: which agent of the swarm would answer a conversation, and why (every
+//! answering agent's score), without generating.
+//!
+//! [`Swarm`] is the swarm as handlers reach it: the shared registry, the routing settings of
+//! the swarm file, and one router per strategy. The embedding strategy is blocking CPU work
+//! (one MiniLM pass), so it runs on tokio's blocking threads, never on a runtime worker; the
+//! `llm` strategy is a one-token request to the engine, awaited like any other.
+//!
+//! Without a swarm file the endpoint answers 404 for the model `swarm`, as for any model this
+//! server does not serve; without an embedding model, the embedding strategy is a 400 naming
+//! `strategy` (the `llm` one still works).
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::Json;
+use engine::{Embedder, EngineHandle};
+use router::route::embedding::DEFAULT_METHOD;
+use router::{
+    EmbeddingRouter, LlmRouter, Registry, Route, RoutingConfig, RoutingStrategy, SharedRegistry,
+    SwarmConfig,
+};
+
+use crate::api::swarm::{RouteRequest, RouteResponse};
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::http::json::ApiJson;
+use crate::validate::swarm::{validate_route, ValidRouteRequest};
+
+/// The model name that asks the swarm to choose the agent (`auto` is its alias).
+pub const SWARM_MODEL: &str = "swarm";
+
+/// The swarm as handlers reach it. Cloning is one reference-count increment.
+#[derive(Clone)]
+pub struct Swarm {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: SharedRegistry,
+    routing: RoutingConfig,
+    /// Absent when the server runs without an embedding model.
+    embedding: Option<Arc<EmbeddingRouter>>,
+    llm: LlmRouter,
+}
+
+impl Swarm {
+    /// The swarm of `config`, routing with `engine` and, when given, `embedder`.
+    pub fn new(
+        config: SwarmConfig,
+        engine: EngineHandle,
+        embedder: Option<Arc<Embedder>>,
+    ) -> Result<Self, router::RouterError> {
+        let registry = SharedRegistry::new(Registry::new(config.agents)?);
+        let margin = config.routing.margin;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                registry,
+                routing: config.routing,
+                embedding: embedder
+                    .map(|e| Arc::new(EmbeddingRouter::new(e, margin, DEFAULT_METHOD))),
+                llm: LlmRouter::new(engine, margin),
+            }),
+        })
+    }
+
+    /// Embeds every agent's description and examples now, so that the first request does not
+    /// pay for it.
+    pub async fn prepare(&self) -> Result<(), ApiError> {
+        let Some(router) = self.inner.embedding.clone() else {
+            return Ok(());
+        };
+        let registry = self.inner.registry.snapshot();
+        tokio::task::spawn_blocking(move || router.prepare(&registry))
+            .await
+            .map_err(|e| ApiError::Internal(format!("routing task: {e}")))??;
+        Ok(())
+    }
+
+    /// The agents; edits take effect from the next request.
+    pub fn registry(&self) -> &SharedRegistry {
+        &self.inner.registry
+    }
+
+    pub fn routing(&self) -> &RoutingConfig {
+        &self.inner.routing
+    }
+
+    /// Routes `text` (a conversation's last user turn) with `strategy`, or the swarm file's.
+    pub async fn route(
+        &self,
+        text: String,
+        strategy: Option<RoutingStrategy>,
+    ) -> Result<Route, ApiError> {
+        let registry = self.inner.registry.snapshot();
+        match strategy.unwrap_or(self.inner.routing.strategy) {
+            RoutingStrategy::Embedding => {
+                let router = self.inner.embedding.clone().ok_or_else(|| {
+                    ApiError::invalid(
+                        "strategy",
+                        "the 'embedding' strategy needs the embedding model, which this server \
+                         runs without",
+                    )
+                })?;
+                let route = tokio::task::spawn_blocking(move || router.route(&registry, &text))
+                    .await
+                    .map_err(|e| ApiError::Internal(format!("routing task: {e}")))??;
+                Ok(route)
+            }
+            RoutingStrategy::Llm => Ok(self.inner.llm.route(&registry, &text).await?),
+        }
+    }
+}
+
+pub async fn route(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<RouteRequest>,
+) -> Result<Json<RouteResponse>, ApiError> {
+    let Some(swarm) = state.swarm() else {
+        return Err(ApiError::ModelNotFound(SWARM_MODEL.into()));
+    };
+    let ValidRouteRequest { text, strategy } = validate_route(request)?;
+    let route = swarm.route(text, strategy).await?;
+    Ok(Json(response(route)))
+}
+
+fn response(route: Route) -> RouteResponse {
+    RouteResponse {
+        agent: route.agent.to_string(),
+        strategy: match route.strategy {
+            RoutingStrategy::Embedding => "embedding",
+            RoutingStrategy::Llm => "llm",
+        }
+        .into(),
+        scores: route
+            .scores
+            .into_iter()
+            .map(|(agent, score)| (agent.to_string(), score))
+            .collect(),
+    }
+}

@@ -31,6 +31,7 @@ use crate::http;
         http::completions::create,
         http::embeddings::create,
         http::models::list,
+        http::swarm::route,
         http::health::health,
         http::health::ready,
         crate::metrics::scrape,
@@ -42,6 +43,7 @@ use crate::http;
         (name = "generation", description = "Text generation on the served model."),
         (name = "embeddings", description = "Sentence embeddings."),
         (name = "models", description = "What this server serves."),
+        (name = "swarm", description = "The swarm's agents: routing."),
         (name = "probes", description = "Liveness, readiness and metrics."),
     )
 )]

@@ -7,11 +7,15 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use super::ChatMessage;
 
 /// `POST /v1/swarm/route`.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, ToSchema)]
+#[schema(example = json!({
+    "messages": [{"role": "user", "content": "Why does my Python script raise a KeyError?"}]
+}))]
 pub struct RouteRequest {
     pub messages: Vec<ChatMessage>,
     /// `"embedding"` or `"llm"`; absent means the swarm file's `[routing] strategy`. Kept as a
@@ -20,7 +24,7 @@ pub struct RouteRequest {
 }
 
 /// The routing decision.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 pub struct RouteResponse {
     /// The agent that would answer.
     pub agent: String,

@@ -25,6 +25,7 @@ use crate::api::swarm::{RouteRequest, RouteResponse};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::json::ApiJson;
+use crate::openapi::GenerationErrors;
 use crate::validate::swarm::{validate_route, ValidRouteRequest};
 
 /// The model name that asks the swarm to choose the agent (`auto` is its alias).
@@ -112,6 +113,14 @@ impl Swarm {
     }
 }
 
+/// Chooses the agent that would answer a conversation, without generating.
+#[utoipa::path(post, path = "/v1/swarm/route", tag = "swarm",
+    request_body = RouteRequest,
+    responses(
+        (status = 200, description = "The routing decision.", body = RouteResponse),
+        GenerationErrors,
+    ),
+    security(("api_key" = [])))]
 pub async fn route(
     State(state): State<AppState>,
     ApiJson(request): ApiJson<RouteRequest>,

@@ -53,6 +53,8 @@ impl LlmRouter {
                     return Err(RouterError::Engine(engine::EngineError::Model(e)))
                 }
                 Event::Finished { .. } => break,
+                // Routing never asks for the prompt's log-probabilities.
+                Event::PromptLogprobs(_) => {}
             }
         }
         let scored = scored.ok_or_else(|| {

@@ -4,8 +4,9 @@
 //! answers run side by side ([`Choices`]).
 //!
 //! Non-streamed: each answer's deltas are gathered into one message; a generation that fails
-//! becomes a 500 envelope, one that runs out of time a 504. Streamed: the headers wait for the
-//! first update, so a request that times out before its first token still gets a 504; then
+//! becomes a 500 envelope, one that runs out of time a 504. Streamed: the headers wait a moment
+//! for the first update, so a request that times out before its first token still gets a 504
+//! (after that, keep-alive comments until the first token); then
 //! server-sent events in OpenAI's order: per choice, a first chunk with
 //! `{"role": "assistant", "content": ""}`, one chunk per delta that adds text (or
 //! log-probabilities), a last chunk with an empty delta and the `finish_reason`; then the usage

@@ -19,6 +19,7 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::time::Duration;
 
 use axum::http::HeaderValue;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -34,6 +35,12 @@ use crate::error::ApiError;
 use crate::http::chat::{finish_reason, LOST_STREAM};
 use crate::limits::Admission;
 use crate::metrics::Metrics;
+
+/// How long a stream's headers wait for its first update.
+pub const HEADERS_WAIT: Duration = Duration::from_secs(1);
+
+/// The gap between keep-alive comments on a stream with nothing to send.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
 
 pub(crate) type Events = Pin<Box<dyn Stream<Item = Result<Event, ApiError>> + Send>>;
 /// One choice's items, `None` once its engine stream ended.
@@ -208,13 +215,18 @@ impl Choices {
     }
 
     /// The answers as a server-sent events response in `format`. The headers wait for the
-    /// first update, so that a request that fails before any output (a deadline before its
-    /// first token) still gets an error status.
+    /// first update for up to [`HEADERS_WAIT`], so that a request that fails before any output
+    /// (a deadline before its first token) still gets an error status; past that (a long queue
+    /// or prefill) they go out, and keep-alive comments hold the connection open until the
+    /// first token.
     pub async fn stream<F>(mut self, format: F, metrics: Metrics) -> Result<Response, ApiError>
     where
         F: ChunkFormat + Send + 'static,
     {
-        let first = self.next().await;
+        // `next` is cancel-safe: a choice's state changes only once an item has arrived.
+        let first = tokio::time::timeout(HEADERS_WAIT, self.next())
+            .await
+            .unwrap_or_default();
         if let Some(Update::Failed { error, .. }) = first {
             return Err(error);
         }
@@ -400,7 +412,7 @@ pub fn sse_response<C: Serialize>(
         })
     });
     let mut response = Sse::new(events)
-        .keep_alive(KeepAlive::default())
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
         .into_response();
     // Reverse proxies such as nginx buffer responses by default, which would hold tokens back
     // until the buffer fills.
@@ -438,5 +450,50 @@ pub(crate) mod tests {
             })
             .collect()
             .await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_first_token_gets_headers_then_keep_alive_comments() {
+        let slow = stream::pending::<Result<Event, ApiError>>();
+        let choices = Choices::new(vec![Box::pin(slow) as Events], 1);
+        let response = choices
+            .stream(Silent, Metrics::new())
+            .await
+            .expect("headers go out without a first update");
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        let mut body = response.into_body().into_data_stream();
+        let comment = body.next().await.unwrap().unwrap();
+        assert!(comment.starts_with(b":"), "{comment:?}");
+    }
+
+    /// A format with nothing to say but the usage.
+    struct Silent;
+
+    impl ChunkFormat for Silent {
+        type Chunk = api::ChatCompletionChunk;
+
+        fn empty(&self) -> Self::Chunk {
+            unreachable!("the stream never ends")
+        }
+
+        fn include_usage(&self) -> bool {
+            false
+        }
+
+        fn opening(&self, _: usize) -> Option<Self::Chunk> {
+            None
+        }
+
+        fn prompt(&mut self, _: usize, _: &[TokenLogprob]) -> Option<Self::Chunk> {
+            None
+        }
+
+        fn delta(&mut self, _: usize, _: String, _: &[TokenLogprob]) -> Option<Self::Chunk> {
+            None
+        }
+
+        fn finished(&self, _: usize, _: api::FinishReason) -> Self::Chunk {
+            unreachable!("the stream never ends")
+        }
     }
 }

@@ -175,9 +175,9 @@ def limited_server():
 
 @pytest.fixture(scope="session")
 def small_server():
-    """A server whose KV cache holds a few hundred tokens, so that any request, however long it
+    """A server whose KV cache holds about 80 tokens, so that any request, however long it
     asks to generate, ends within seconds: for fuzzing."""
-    server = Server("small", [], kv_cache_mb=8)
+    server = Server("small", [], kv_cache_mb=4)
     try:
         yield server
     finally:

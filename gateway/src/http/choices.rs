@@ -94,10 +94,15 @@ impl Choices {
         n: usize,
     ) -> Result<Self, ApiError> {
         let mut streams = Vec::with_capacity(prompts.len() * n);
+        // The first-token deadline is the request's: the first answer must start in time, the
+        // others may wait their turn for memory, within the total deadline.
+        let mut later = *admission;
+        later.deadlines.first_token = later.deadlines.total;
         for (prompt_tokens, request) in prompts {
             for j in 0..n {
                 let mut request = request.clone();
                 request.sampling.seed = request.sampling.seed.map(|s| s.wrapping_add(j as u64));
+                let admission = if streams.is_empty() { admission } else { &later };
                 let events = admission.submit(state, prompt_tokens, request).await?;
                 streams.push(Box::pin(events) as Events);
             }

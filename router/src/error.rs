@@ -66,6 +66,12 @@ pub enum RouterError {
         largest_free_bytes: u64,
         largest_free_device: DeviceName,
     },
+    /// The engine refused or failed a request the router made (the judge's).
+    #[error("engine: {0}")]
+    Engine(#[from] engine::EngineError),
+    /// The judge ran but gave no verdict.
+    #[error("judge: {0}")]
+    Judge(String),
 }
 
 pub type Result<T, E = RouterError> = std::result::Result<T, E>;

@@ -9,6 +9,8 @@
 //!   immutable snapshots.
 //! - [`placement`] decides which device hosts which model replica and which agents, within each
 //!   device's memory budget.
+//! - [`verifier`] decides whether an answer may reach the user: deterministic checks on the
+//!   text, relevance by embeddings, and the verifier agent as judge.
 //!
 //! Every failure is a [`RouterError`].
 
@@ -75,6 +77,7 @@ pub mod config;
 pub mod error;
 pub mod placement;
 pub mod registry;
+pub mod verifier;
 
 pub use agent::{
     AgentId, AgentKind, AgentSpec, ModelId, OnFailure, SamplingDefaults, StreamMode,
@@ -87,3 +90,4 @@ pub use placement::{
     ModelFootprint, Placement,
 };
 pub use registry::{Registry, SharedRegistry};
+pub use verifier::{Candidate, Verdict, Verifier, VerifierConfig};

@@ -225,6 +225,15 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl From<router::RouterError> for ApiError {
+    fn from(e: router::RouterError) -> Self {
+        match e {
+            router::RouterError::Engine(e) => e.into(),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {

@@ -7,6 +7,7 @@
 //!   prefix caching saves on an agent workload.
 //! - `swarmgate plan` shows where the agents of a swarm file would run within device budgets.
 //! - `swarmgate openapi` prints the HTTP API's OpenAPI document.
+//! - `swarmgate eval verifier FILE` measures the verifier on labelled answers.
 
 mod tools;
 
@@ -37,6 +38,8 @@ enum Command {
     /// Print the HTTP API's OpenAPI document (`--write openapi/openapi.json` updates the
     /// committed copy).
     Openapi(tools::openapi::OpenApiArgs),
+    /// Measure a swarm component on a labelled data set (`eval verifier FILE`).
+    Eval(tools::eval_verifier::EvalArgs),
 }
 
 fn main() -> Result<()> {
@@ -63,6 +66,7 @@ fn main() -> Result<()> {
         Command::Bench(args) => tools::bench::run(args),
         Command::Plan(args) => tools::plan::run(args),
         Command::Openapi(args) => tools::openapi::run(args),
+        Command::Eval(args) => tools::eval_verifier::run(args),
     }
 }
 

@@ -30,6 +30,7 @@ use crate::http;
         http::chat::create,
         http::completions::create,
         http::embeddings::create,
+        http::verify::verify,
         http::models::list,
         http::health::health,
         http::health::ready,
@@ -42,6 +43,7 @@ use crate::http;
         (name = "generation", description = "Text generation on the served model."),
         (name = "embeddings", description = "Sentence embeddings."),
         (name = "models", description = "What this server serves."),
+        (name = "swarm", description = "The agent swarm: verification of answers."),
         (name = "probes", description = "Liveness, readiness and metrics."),
     )
 )]

@@ -19,6 +19,7 @@
 
 pub mod completion;
 pub mod embeddings;
+pub mod verify;
 
 use engine::{ChatMessage, GenerateRequest, ModelInfo, Prompt, ResponseFormat, SamplingParams};
 

@@ -10,6 +10,7 @@ pub mod embeddings;
 pub mod health;
 pub mod json;
 pub mod models;
+pub mod verify;
 
 use axum::http::{Method, Uri};
 

@@ -1,0 +1,83 @@
+//! `POST /v1/swarm/verify`: runs the verifier alone on a question and an answer and returns its
+//! verdict.
+//!
+//! The embeddings for the relevance check go through [`Embeddings::embed`], so they take their
+//! turn with `/v1/embeddings` requests instead of blocking a runtime thread; without an
+//! embedding model the relevance check is skipped, not failed. The deterministic checks run
+//! first and a failure skips the embedding and the judge.
+
+use axum::extract::State;
+use axum::Json;
+use router::{Candidate, VerifierChecks};
+
+use crate::api::verify::{VerifyRequest, VerifyResponse};
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::http::embeddings::Embeddings;
+use crate::http::json::ApiJson;
+use crate::openapi::GenerationErrors;
+use crate::validate::verify::{validate_verify, ValidVerifyRequest};
+
+/// Checks an answer: deterministic checks, relevance by embeddings, and the verifier agent's
+/// judgement read from its log-probabilities.
+#[utoipa::path(post, path = "/v1/swarm/verify", tag = "swarm",
+    request_body = VerifyRequest,
+    responses(
+        (status = 200, description = "The verdict; a failed answer is still a 200.",
+            body = VerifyResponse),
+        GenerationErrors,
+    ),
+    security(("api_key" = [])))]
+pub async fn verify(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<VerifyRequest>,
+) -> Result<Json<VerifyResponse>, ApiError> {
+    let ValidVerifyRequest {
+        question,
+        answer,
+        finish_reason,
+        checks,
+    } = validate_verify(request)?;
+    let candidate = Candidate {
+        question: &question,
+        answer: &answer,
+        finish_reason,
+    };
+    let verifier = state.verifier();
+    let relevance = match state.embeddings() {
+        Some(embeddings) if wants_relevance(verifier.check(&candidate, &checks), &checks) => {
+            Some(similarity(embeddings, &question, &answer).await?)
+        }
+        _ => None,
+    };
+    let verdict = verifier.verify(&candidate, &checks, relevance).await?;
+    Ok(Json(VerifyResponse {
+        verdict: if verdict.passed { "passed" } else { "failed" },
+        score: verdict.score,
+        reasons: verdict.reasons,
+        relevance,
+    }))
+}
+
+/// Relevance is measured only when asked for and when the cheap checks have not already failed.
+fn wants_relevance(cheap_failures: Vec<String>, checks: &VerifierChecks) -> bool {
+    checks.relevance && cheap_failures.is_empty()
+}
+
+/// Cosine similarity of the question's and the answer's sentence embeddings.
+async fn similarity(
+    embeddings: &Embeddings,
+    question: &str,
+    answer: &str,
+) -> Result<f32, ApiError> {
+    let vectors = embeddings
+        .embed(vec![question.to_owned(), answer.to_owned()])
+        .await?;
+    match vectors.as_slice() {
+        [q, a] => Ok(router::verifier::cosine(&q.vector, &a.vector)),
+        _ => Err(ApiError::Internal(format!(
+            "the embedder returned {} vectors for 2 inputs",
+            vectors.len()
+        ))),
+    }
+}

@@ -311,8 +311,8 @@ fn deterministic(
         Some(code) => Some(code.as_str()),
         None => language::guess(candidate.question),
     };
-    if let (Some(wanted), Some(found)) = (wanted, language::guess(answer)) {
-        if wanted != found {
+    if let Some(wanted) = wanted {
+        if let Some(found) = language::mismatch(wanted, answer) {
             reasons.push(format!(
                 "wrong_language: the answer reads as `{found}`, `{wanted}` was expected"
             ));
@@ -328,6 +328,45 @@ fn deterministic(
     }
     reasons
     }
+
+/// The answer's first sentences (at most `max`, each of a few words at least), to measure
+/// relevance on: a long answer's whole embedding is diluted by its details, while a relevant
+/// answer has at least one sentence close to the question.
+pub fn passages(answer: &str, max: usize) -> Vec<&str> {
+    answer
+        .split_inclusive(['.', '?', '!', '\n'])
+        .map(str::trim)
+        .filter(|s| s.split_whitespace().count() >= 4)
+        .take(max)
+        .collect()
+}
+
+/// The prose of an answer for embedding: a JSON answer's string values, keys and numbers joined
+/// as sentences (a sentence model reads braces and quotes as noise), any other answer as it is.
+pub fn prose(answer: &str) -> String {
+    fn collect(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::String(s) => out.push(s.clone()),
+            serde_json::Value::Number(n) => out.push(n.to_string()),
+            serde_json::Value::Array(items) => items.iter().for_each(|v| collect(v, out)),
+            serde_json::Value::Object(map) => {
+                for (key, v) in map {
+                    out.push(key.replace('_', " "));
+                    collect(v, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    match serde_json::from_str::<serde_json::Value>(answer.trim()) {
+        Ok(value @ (serde_json::Value::Object(_) | serde_json::Value::Array(_))) => {
+            let mut parts = Vec::new();
+            collect(&value, &mut parts);
+            parts.join(". ")
+        }
+        _ => answer.to_owned(),
+    }
+}
 
 /// Cosine similarity of two vectors; 0 when either is zero.
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
@@ -557,6 +596,25 @@ mod tests {
         assert!((yes_share(&scored, &[1]) - 0.5 / 0.7).abs() < 1e-6);
         assert!((yes_share(&scored, &[1, 2]) - 0.6 / 0.7).abs() < 1e-6);
         assert_eq!(yes_share(&[], &[1]), 0.5);
+    }
+
+    #[test]
+    fn passages_are_the_first_real_sentences() {
+        let answer = "Sure! Use ls to list them. It takes -a for hidden files.\nls -la\nDone.";
+        assert_eq!(
+            passages(answer, 8),
+            ["Use ls to list them.", "It takes -a for hidden files."]
+        );
+        assert_eq!(passages(answer, 1), ["Use ls to list them."]);
+    }
+
+    #[test]
+    fn json_answers_are_read_as_their_values() {
+        assert_eq!(
+            prose(r#"{"city": "Paris", "first_year": 508, "tags": ["capital"]}"#),
+            "city. Paris. first year. 508. tags. capital"
+        );
+        assert_eq!(prose("Paris."), "Paris.");
     }
 
     #[test]

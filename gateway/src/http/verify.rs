@@ -1,7 +1,8 @@
 //! `POST /v1/swarm/verify`: runs the verifier alone on a question and an answer and returns its
 //! verdict.
 //!
-//! The embeddings for the relevance check go through [`Embeddings::embed`], so they take their
+//! Relevance is the question's best cosine similarity with the whole answer or one of its first
+//! sentences; a JSON answer is read as its keys and values. The embeddings for it go through [`Embeddings::embed`], so they take their
 //! turn with `/v1/embeddings` requests instead of blocking a runtime thread; without an
 //! embedding model the relevance check is skipped, not failed. The deterministic checks run
 //! first and a failure skips the embedding and the judge.
@@ -64,19 +65,32 @@ fn wants_relevance(cheap_failures: Vec<String>, checks: &VerifierChecks) -> bool
     checks.relevance && cheap_failures.is_empty()
 }
 
-/// Cosine similarity of the question's and the answer's sentence embeddings.
+/// Sentences of the answer compared with the question, besides the whole answer.
+const MAX_PASSAGES: usize = 8;
+
+/// The highest cosine similarity between the question's sentence embedding and the whole
+/// answer's or one of its first sentences'.
 async fn similarity(
     embeddings: &Embeddings,
     question: &str,
     answer: &str,
 ) -> Result<f32, ApiError> {
-    let vectors = embeddings
-        .embed(vec![question.to_owned(), answer.to_owned()])
-        .await?;
-    match vectors.as_slice() {
-        [q, a] => Ok(router::verifier::cosine(&q.vector, &a.vector)),
+    let answer = router::verifier::prose(answer);
+    let mut inputs = vec![question.to_owned(), answer.clone()];
+    inputs.extend(
+        router::verifier::passages(&answer, MAX_PASSAGES)
+            .into_iter()
+            .map(str::to_owned),
+    );
+    let expected = inputs.len();
+    let vectors = embeddings.embed(inputs).await?;
+    match vectors.split_first() {
+        Some((q, rest)) if vectors.len() == expected => Ok(rest
+            .iter()
+            .map(|a| router::verifier::cosine(&q.vector, &a.vector))
+            .fold(f32::MIN, f32::max)),
         _ => Err(ApiError::Internal(format!(
-            "the embedder returned {} vectors for 2 inputs",
+            "the embedder returned {} vectors for {expected} inputs",
             vectors.len()
         ))),
     }

@@ -81,6 +81,8 @@ struct Group {
     total: usize,
     /// Relevance of the items that reached that check, ascending.
     relevance: Vec<f32>,
+    /// The same, of the items that required JSON.
+    relevance_json: Vec<f32>,
     /// Judge scores of the items that reached the judge, ascending.
     judge: Vec<f32>,
     /// How often each check's code was the reason.
@@ -156,7 +158,10 @@ fn verifier(args: VerifierEvalArgs) -> Result<()> {
         group.total += 1;
         let rejected = answer.verdict == "failed";
         group.rejected += usize::from(rejected);
-        group.relevance.extend(answer.relevance);
+        match item.requires_json {
+            true => group.relevance_json.extend(answer.relevance),
+            false => group.relevance.extend(answer.relevance),
+        }
         let judged = !rejected || answer.reasons.iter().any(|r| r.starts_with("judge:"));
         if judged {
             group.judge.push(answer.score);
@@ -168,6 +173,7 @@ fn verifier(args: VerifierEvalArgs) -> Result<()> {
     }
     for group in groups.values_mut() {
         group.relevance.sort_by(f32::total_cmp);
+        group.relevance_json.sort_by(f32::total_cmp);
         group.judge.sort_by(f32::total_cmp);
     }
     let (mut bad_rejected, mut bad_total) = (0, 0);
@@ -255,6 +261,7 @@ fn print_report(report: &Report) {
     };
     for (name, group) in &report.groups {
         println!("{name:<16} relevance: {}", list(&group.relevance));
+        println!("{:<16}   (json):  {}", "", list(&group.relevance_json));
         println!("{:<16} judge:     {}", "", list(&group.judge));
     }
 }

@@ -26,7 +26,7 @@ const STOPWORDS: &[(&str, &[&str])] = &[
             "le", "la", "les", "des", "est", "et", "une", "du", "que", "qui", "pour", "dans",
             "pas", "vous", "je", "sur", "avec", "ce", "il", "sont", "au", "aux", "mon", "ma",
             "mes", "votre", "vos", "comment", "pourquoi", "quel", "quelle", "nous", "mais", "ou",
-            "cette", "peut", "être", "plus", "faire", "ne",
+            "cette", "peut", "être", "plus", "faire", "ne", "de", "en", "un", "à", "sont",
         ],
     ),
     (
@@ -34,7 +34,8 @@ const STOPWORDS: &[(&str, &[&str])] = &[
         &[
             "el", "los", "las", "es", "y", "una", "del", "que", "por", "para", "con", "se", "su",
             "como", "cómo", "qué", "está", "son", "lo", "al", "mi", "puedo", "cuál", "pero",
-            "más", "muy", "tu", "sus", "este", "esta", "hay", "también", "usted", "puede",
+            "más", "muy", "tu", "sus", "este", "esta", "hay", "también", "usted", "puede", "la",
+            "de", "en", "un", "le", "les", "muy", "pero", "sin", "sobre", "entre",
         ],
     ),
     (
@@ -49,14 +50,16 @@ const STOPWORDS: &[(&str, &[&str])] = &[
         "it",
         &[
             "il", "lo", "gli", "della", "che", "è", "per", "non", "una", "sono", "con", "di",
-            "del", "come", "perché", "questo", "questa", "anche", "più", "nel", "alla", "ma",
+            "del", "come", "perché", "questo", "questa", "anche", "più", "nel", "alla", "ma", "la",
+            "le", "un", "in", "si",
         ],
     ),
     (
         "pt",
         &[
             "o", "os", "as", "é", "um", "uma", "não", "com", "para", "do", "da", "dos", "das",
-            "em", "que", "se", "como", "você", "mais", "seu", "sua", "pelo", "pela", "muito",
+            "em", "que", "se", "como", "você", "mais", "seu", "sua", "pelo", "pela", "muito", "a",
+            "de", "no", "na", "ao",
         ],
     ),
     (
@@ -74,6 +77,29 @@ const MIN_HITS: usize = 3;
 const MIN_LEAD: f32 = 1.5;
 /// Share of a text's letters that must be in one non-Latin script for the script to decide.
 const MIN_SCRIPT_SHARE: f32 = 0.3;
+
+/// The language `text` reads as, when that is clearly not `wanted`: the test for "is this
+/// answer in the language asked for". It is bolder than [`guess`], since it only needs to tell
+/// that a text is not in one given language: two function words of another language and twice
+/// as many as of `wanted` are enough.
+pub fn mismatch(wanted: &str, text: &str) -> Option<&'static str> {
+    if let Some(script) = script_language(text) {
+        return (script != wanted).then_some(script);
+    }
+    let hits = latin_hits(text);
+    let wanted_hits = hits
+        .iter()
+        .find(|(code, _)| *code == wanted)
+        .map_or(0, |(_, n)| *n);
+    let (best, best_hits) = hits[0];
+    let is_other = best != wanted && best_hits >= MIN_MISMATCH_HITS;
+    (is_other && best_hits as f32 >= wanted_hits as f32 * MIN_MISMATCH_LEAD).then_some(best)
+}
+
+/// Function words of another language that make a text not `wanted`'s.
+const MIN_MISMATCH_HITS: usize = 2;
+/// How many times another language's hits must exceed `wanted`'s.
+const MIN_MISMATCH_LEAD: f32 = 2.0;
 
 /// The language `text` is most likely written in, as an ISO 639-1 code, or `None` when the text
 /// does not say clearly enough.
@@ -113,6 +139,14 @@ fn script_language(text: &str) -> Option<&'static str> {
 }
 
 fn latin_language(text: &str) -> Option<&'static str> {
+    let hits = latin_hits(text);
+    let (best, best_hits) = hits[0];
+    let runner_up = hits[1].1;
+    (best_hits >= MIN_HITS && best_hits as f32 >= runner_up as f32 * MIN_LEAD).then_some(best)
+}
+
+/// Each Latin-script language's function-word count in `text`, most first.
+fn latin_hits(text: &str) -> Vec<(&'static str, usize)> {
     let lower = text.to_lowercase();
     let words: Vec<&str> = lower
         .split(|c: char| !c.is_alphanumeric())
@@ -123,9 +157,7 @@ fn latin_language(text: &str) -> Option<&'static str> {
         .map(|(code, list)| (*code, words.iter().filter(|w| list.contains(w)).count()))
         .collect();
     hits.sort_by(|a, b| b.1.cmp(&a.1));
-    let (best, best_hits) = hits[0];
-    let runner_up = hits[1].1;
-    (best_hits >= MIN_HITS && best_hits as f32 >= runner_up as f32 * MIN_LEAD).then_some(best)
+    hits
 }
 
 #[cfg(test)]
@@ -157,6 +189,15 @@ mod tests {
         assert_eq!(guess("Как дела? Всё хорошо."), Some("ru"));
         assert_eq!(guess("今日はいい天気ですね。"), Some("ja"));
         assert_eq!(guess("这是一个测试。"), Some("zh"));
+    }
+
+    #[test]
+    fn mismatch_needs_another_language_clearly() {
+        assert_eq!(mismatch("en", "La capital de España es Madrid."), Some("es"));
+        assert_eq!(mismatch("en", "The capital of Spain is Madrid."), None);
+        assert_eq!(mismatch("en", "Madrid."), None);
+        assert_eq!(mismatch("fr", "Москва."), Some("ru"));
+        assert_eq!(mismatch("ru", "Москва — столица России."), None);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! verdict.
 //!
 //! Relevance is the question's best cosine similarity with the whole answer or one of its first
-//! sentences; a JSON answer is read as its keys and values. The embeddings for it go through [`Embeddings::embed`], so they take their
+//! sentences; a JSON answer is also read as its keys and values. The embeddings for it go through [`Embeddings::embed`], so they take their
 //! turn with `/v1/embeddings` requests instead of blocking a runtime thread; without an
 //! embedding model the relevance check is skipped, not failed. The deterministic checks run
 //! first and a failure skips the embedding and the judge.
@@ -69,16 +69,19 @@ fn wants_relevance(cheap_failures: Vec<String>, checks: &VerifierChecks) -> bool
 const MAX_PASSAGES: usize = 8;
 
 /// The highest cosine similarity between the question's sentence embedding and the whole
-/// answer's or one of its first sentences'.
+/// answer's (as written, and as prose when it is JSON) or one of its first sentences'.
 async fn similarity(
     embeddings: &Embeddings,
     question: &str,
     answer: &str,
 ) -> Result<f32, ApiError> {
-    let answer = router::verifier::prose(answer);
-    let mut inputs = vec![question.to_owned(), answer.clone()];
+    let prose = router::verifier::prose(answer);
+    let mut inputs = vec![question.to_owned(), answer.to_owned()];
+    if prose != answer {
+        inputs.push(prose.clone());
+    }
     inputs.extend(
-        router::verifier::passages(&answer, MAX_PASSAGES)
+        router::verifier::passages(&prose, MAX_PASSAGES)
             .into_iter()
             .map(str::to_owned),
     );

@@ -21,7 +21,11 @@ fn models() -> PathBuf {
 fn engine() -> &'static EngineHandle {
     static ENGINE: LazyLock<EngineHandle> = LazyLock::new(|| {
         let model = models().join("SmolLM2-135M-Instruct.Q4_1.gguf");
-        assert!(model.is_file(), "{} is missing: run `make models`", model.display());
+        assert!(
+            model.is_file(),
+            "{} is missing: run `make models`",
+            model.display()
+        );
         EngineHandle::start(&EngineConfig {
             model,
             kv_cache_mb: 32,
@@ -36,7 +40,11 @@ fn engine() -> &'static EngineHandle {
 fn embeddings() -> Embeddings {
     static EMBEDDINGS: LazyLock<Embeddings> = LazyLock::new(|| {
         let model = models().join("all-MiniLM-L6-v2");
-        assert!(model.is_dir(), "{} is missing: run `make models`", model.display());
+        assert!(
+            model.is_dir(),
+            "{} is missing: run `make models`",
+            model.display()
+        );
         Embeddings::new(
             Embedder::load(&EmbedderConfig {
                 model,
@@ -110,7 +118,11 @@ async fn deterministic_failures_skip_the_model() {
     let (_, empty) = verify(&json!({"question": QUESTION, "answer": " "})).await;
     assert_eq!(codes(&empty), ["empty"]);
     assert_eq!(empty["score"], 0.0);
-    assert_eq!(empty["relevance"], Value::Null, "no embedding for a failed answer");
+    assert_eq!(
+        empty["relevance"],
+        Value::Null,
+        "no embedding for a failed answer"
+    );
     let (_, json) = verify(&json!({
         "question": QUESTION,
         "answer": "{\"capital\": \"Paris\"",
@@ -132,7 +144,10 @@ async fn bad_requests_get_the_error_envelope() {
     for (body, param) in [
         (json!({"answer": "Paris."}), "question"),
         (json!({"question": QUESTION}), "answer"),
-        (json!({"question": QUESTION, "answer": "x", "language": "French"}), "language"),
+        (
+            json!({"question": QUESTION, "answer": "x", "language": "French"}),
+            "language",
+        ),
         (json!({"question": 3, "answer": "x"}), "question"),
     ] {
         let (status, error) = verify(&body).await;

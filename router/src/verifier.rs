@@ -330,7 +330,7 @@ fn deterministic(
         }
     }
     reasons
-    }
+}
 
 /// The answer's first sentences (at most `max`, each of a few words at least), to measure
 /// relevance on: a long answer's whole embedding is diluted by its details, while a relevant
@@ -529,7 +529,11 @@ mod tests {
             ["repetition"]
         );
         assert!(repetition(GOOD, 4) < 0.1);
-        assert_eq!(repetition("ls ls ls ls ls", 24), 0.0, "too short to measure");
+        assert_eq!(
+            repetition("ls ls ls ls ls", 24),
+            0.0,
+            "too short to measure"
+        );
     }
 
     #[test]
@@ -549,7 +553,10 @@ mod tests {
         };
         assert!(check(&candidate(Q, r#"{"command": "ls -la"}"#), &json).is_empty());
         let broken = r#"{"command": "ls -la""#;
-        assert_eq!(codes(&check(&candidate(Q, broken), &json)), ["invalid_json"]);
+        assert_eq!(
+            codes(&check(&candidate(Q, broken), &json)),
+            ["invalid_json"]
+        );
         assert!(check(&candidate(Q, GOOD), &VerifierChecks::default()).is_empty());
     }
 
@@ -566,7 +573,10 @@ mod tests {
             ..VerifierChecks::default()
         };
         assert!(check(&candidate(Q, french), &policy).is_empty());
-        assert_eq!(codes(&check(&candidate(Q, GOOD), &policy)), ["wrong_language"]);
+        assert_eq!(
+            codes(&check(&candidate(Q, GOOD), &policy)),
+            ["wrong_language"]
+        );
     }
 
     #[test]

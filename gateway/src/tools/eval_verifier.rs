@@ -184,15 +184,18 @@ fn verifier(args: VerifierEvalArgs) -> Result<()> {
         }
     }
     let good = groups.get("good");
-    let pct = |n: usize, d: usize| if d == 0 { 0.0 } else { 100.0 * n as f64 / d as f64 };
+    let pct = |n: usize, d: usize| {
+        if d == 0 {
+            0.0
+        } else {
+            100.0 * n as f64 / d as f64
+        }
+    };
     latencies.sort_by(f64::total_cmp);
     let report = Report {
         items: items.len(),
         bad_rejected_pct: pct(bad_rejected, bad_total),
-        good_rejected_pct: pct(
-            good.map_or(0, |g| g.rejected),
-            good.map_or(0, |g| g.total),
-        ),
+        good_rejected_pct: pct(good.map_or(0, |g| g.rejected), good.map_or(0, |g| g.total)),
         latency_p50_ms: percentile(&latencies, 50.0),
         latency_p95_ms: percentile(&latencies, 95.0),
         groups,

@@ -33,9 +33,9 @@ const STOPWORDS: &[(&str, &[&str])] = &[
         "es",
         &[
             "el", "los", "las", "es", "y", "una", "del", "que", "por", "para", "con", "se", "su",
-            "como", "cómo", "qué", "está", "son", "lo", "al", "mi", "puedo", "cuál", "pero",
-            "más", "muy", "tu", "sus", "este", "esta", "hay", "también", "usted", "puede", "la",
-            "de", "en", "un", "le", "les", "muy", "pero", "sin", "sobre", "entre",
+            "como", "cómo", "qué", "está", "son", "lo", "al", "mi", "puedo", "cuál", "pero", "más",
+            "muy", "tu", "sus", "este", "esta", "hay", "también", "usted", "puede", "la", "de",
+            "en", "un", "le", "les", "muy", "pero", "sin", "sobre", "entre",
         ],
     ),
     (
@@ -65,8 +65,8 @@ const STOPWORDS: &[(&str, &[&str])] = &[
     (
         "nl",
         &[
-            "de", "het", "een", "en", "is", "van", "niet", "ik", "dat", "je", "op", "voor",
-            "met", "zijn", "hoe", "wat", "ook", "maar", "wordt", "kan", "deze", "naar",
+            "de", "het", "een", "en", "is", "van", "niet", "ik", "dat", "je", "op", "voor", "met",
+            "zijn", "hoe", "wat", "ook", "maar", "wordt", "kan", "deze", "naar",
         ],
     ),
 ];
@@ -156,7 +156,7 @@ fn latin_hits(text: &str) -> Vec<(&'static str, usize)> {
         .iter()
         .map(|(code, list)| (*code, words.iter().filter(|w| list.contains(w)).count()))
         .collect();
-    hits.sort_by(|a, b| b.1.cmp(&a.1));
+    hits.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
     hits
 }
 
@@ -193,7 +193,10 @@ mod tests {
 
     #[test]
     fn mismatch_needs_another_language_clearly() {
-        assert_eq!(mismatch("en", "La capital de España es Madrid."), Some("es"));
+        assert_eq!(
+            mismatch("en", "La capital de España es Madrid."),
+            Some("es")
+        );
         assert_eq!(mismatch("en", "The capital of Spain is Madrid."), None);
         assert_eq!(mismatch("en", "Madrid."), None);
         assert_eq!(mismatch("fr", "Москва."), Some("ru"));

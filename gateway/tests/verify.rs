@@ -157,15 +157,30 @@ async fn bad_requests_get_the_error_envelope() {
     }
 }
 
+/// The judge reads one step's log-probabilities under greedy decoding: the same question and
+/// answer get the same score, whatever else runs. (SmolLM2-135M barely tells a right answer from
+/// a refusal, about 0.26 against 0.27, which is why its threshold is only a veto of the clearest
+/// "no"; a larger verifier model makes it a real check.)
 #[tokio::test]
-async fn the_judge_prefers_a_right_answer_to_a_refusal() {
+async fn the_judge_scores_from_log_probabilities_deterministically() {
     let state = state();
-    let judge = |answer: &'static str| {
-        let state = state.clone();
-        async move { state.verifier().judge(QUESTION, answer).await.unwrap() }
-    };
-    let right = judge("The capital of France is Paris.").await;
-    let refused = judge("I don't know and I will not tell you.").await;
+    let verifier = state.verifier();
+    let right = verifier
+        .judge(QUESTION, "The capital of France is Paris.")
+        .await
+        .unwrap();
+    let again = verifier
+        .judge(QUESTION, "The capital of France is Paris.")
+        .await
+        .unwrap();
+    let refused = verifier
+        .judge(QUESTION, "I don't know and I will not tell you.")
+        .await
+        .unwrap();
     assert!((0.0..=1.0).contains(&right) && (0.0..=1.0).contains(&refused));
-    assert!(right > refused, "right {right}, refused {refused}");
+    assert!(
+        right > 0.0 && right < 1.0,
+        "a probability ratio, not a sampled word: {right}"
+    );
+    assert_eq!(right, again);
 }

@@ -40,7 +40,9 @@ pub struct VerifierConfig {
     /// an answer from a neighbouring topic lands between, so this is a compromise that keeps
     /// rejected good answers rare.
     pub min_relevance: f32,
-    /// Least P(yes) / (P(yes) + P(no)) from the judge.
+    /// Least P(yes) / (P(yes) + P(no)) from the judge. Low: with SmolLM2-135M as the verifier
+    /// model the judge's scores of good and bad answers overlap (mostly 0.2 to 0.6), so it only
+    /// vetoes the clearest "no"; a larger verifier model earns a higher threshold.
     pub min_judge_score: f32,
     /// Most share of repeated word 4-grams in an answer.
     pub max_repetition: f32,

@@ -9,12 +9,14 @@
 //! No logic lives here: whether a value is acceptable is `validate`'s business, how an engine
 //! event becomes a chunk is `http::chat`'s.
 //!
-//! [`embeddings`] holds the types of `POST /v1/embeddings`.
+//! [`embeddings`] holds the types of `POST /v1/embeddings`; [`verify`] those of
+//! `POST /v1/swarm/verify`.
 
 pub mod completions;
 pub mod embeddings;
 pub mod models;
 pub mod swarm;
+pub mod verify;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;

@@ -16,6 +16,7 @@ use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use axum::Router;
 use engine::EngineHandle;
+use router::{AgentKind, SwarmConfig, Verifier, VerifierConfig};
 use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
@@ -37,6 +38,7 @@ pub struct AppState {
     embeddings: Option<Embeddings>,
     /// Absent when the server runs without a swarm file.
     swarm: Option<Swarm>,
+    verifier: Arc<Verifier>,
 }
 
 struct Inner {
@@ -65,6 +67,11 @@ impl AppState {
     /// [`ServeConfig::validate`].
     pub fn configured(engine: EngineHandle, config: &ServeConfig) -> Self {
         let model_id = engine.model().id.clone();
+        let verifier = Arc::new(Verifier::new(
+            engine.clone(),
+            default_verifier_prompt(),
+            VerifierConfig::default(),
+        ));
         Self {
             inner: Arc::new(Inner {
                 engine,
@@ -77,7 +84,19 @@ impl AppState {
             }),
             embeddings: None,
             swarm: None,
+            verifier,
         }
+    }
+
+    /// The same state, checking answers with `verifier` (instead of the default swarm's
+    /// verifier agent).
+    pub fn with_verifier(mut self, verifier: Verifier) -> Self {
+        self.verifier = Arc::new(verifier);
+        self
+    }
+
+    pub fn verifier(&self) -> &Verifier {
+        &self.verifier
     }
 
     /// The same state, also serving `embeddings` at `/v1/embeddings`.
@@ -136,6 +155,22 @@ impl AppState {
     }
 }
 
+/// The swarm file the repository ships: the verifier agent's prompt comes from it until a
+/// server is given a swarm of its own.
+const DEFAULT_SWARM: &str = include_str!("../../swarm.toml");
+
+/// The system prompt of the default swarm's verifier agent.
+fn default_verifier_prompt() -> String {
+    let swarm = SwarmConfig::parse(DEFAULT_SWARM, "swarm.toml")
+        .expect("the shipped swarm file parses (router's tests check it)");
+    swarm
+        .agents
+        .into_iter()
+        .find(|agent| agent.kind == AgentKind::Verifier)
+        .map(|agent| agent.system_prompt)
+        .expect("the shipped swarm file has a verifier agent")
+}
+
 /// The whole HTTP API.
 pub fn app(state: AppState) -> Router {
     let layers = ServiceBuilder::new()
@@ -160,6 +195,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/chat/completions", post(http::chat::create))
         .route("/v1/completions", post(http::completions::create))
         .route("/v1/embeddings", post(http::embeddings::create))
+        .route("/v1/swarm/verify", post(http::verify::verify))
         .route("/v1/models", get(http::models::list))
         .route("/v1/swarm/route", post(http::swarm::route))
         .route("/health", get(http::health::health))

@@ -26,6 +26,9 @@
 //! [`engine::EngineHandle::submit`] and the stream it returns. Dropping that stream cancels the
 //! request, so a client that goes away frees its KV blocks without any bookkeeping here.
 //!
+//! `POST /v1/swarm/verify` ([`http::verify`]) runs the swarm's verifier ([`router::Verifier`])
+//! alone on a question and an answer; [`app::AppState`] holds the verifier.
+//!
 //! Embeddings never touch the engine: [`http::embeddings`] runs the BERT model on tokio's
 //! blocking threads, one request at a time, on a few compute threads of its own.
 

@@ -6,7 +6,7 @@
 //! - `swarmgate bench` drives the engine in process and reports throughput and latency, or what
 //!   prefix caching saves on an agent workload.
 //! - `swarmgate eval routing FILE` measures the routing agent's accuracy and latency on
-//!   labelled queries.
+//!   labelled queries; `swarmgate eval verifier FILE` measures the verifier on labelled answers.
 //! - `swarmgate plan` shows where the agents of a swarm file would run within device budgets.
 //! - `swarmgate openapi` prints the HTTP API's OpenAPI document.
 
@@ -39,7 +39,7 @@ enum Command {
     /// Print the HTTP API's OpenAPI document (`--write openapi/openapi.json` updates the
     /// committed copy).
     Openapi(tools::openapi::OpenApiArgs),
-    /// Measure a gateway decision against labelled data (`eval routing FILE`).
+    /// Measure a swarm decision against labelled data (`eval routing FILE`, `eval verifier FILE`).
     Eval(tools::eval::EvalArgs),
 }
 

@@ -30,6 +30,7 @@ use crate::http;
         http::chat::create,
         http::completions::create,
         http::embeddings::create,
+        http::verify::verify,
         http::models::list,
         http::swarm::route,
         http::health::health,
@@ -43,7 +44,7 @@ use crate::http;
         (name = "generation", description = "Text generation on the served model."),
         (name = "embeddings", description = "Sentence embeddings."),
         (name = "models", description = "What this server serves."),
-        (name = "swarm", description = "The swarm's agents: routing."),
+        (name = "swarm", description = "The agent swarm: routing, and verification of answers."),
         (name = "probes", description = "Liveness, readiness and metrics."),
     )
 )]

@@ -20,6 +20,7 @@
 pub mod completion;
 pub mod embeddings;
 pub mod swarm;
+pub mod verify;
 
 use engine::{ChatMessage, GenerateRequest, ModelInfo, Prompt, ResponseFormat, SamplingParams};
 

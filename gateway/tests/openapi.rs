@@ -20,6 +20,7 @@ fn the_spec_covers_every_endpoint_and_error() {
         ("/v1/chat/completions", "post"),
         ("/v1/completions", "post"),
         ("/v1/embeddings", "post"),
+        ("/v1/swarm/verify", "post"),
         ("/v1/models", "get"),
         ("/health", "get"),
         ("/ready", "get"),

@@ -257,7 +257,8 @@ pub struct VerifierChecks {
     pub no_degenerate_repetition: bool,
     /// The answer parses as JSON.
     pub json: bool,
-    /// The answer is in this language (ISO 639 code, e.g. `en`).
+    /// The answer is in this language (ISO 639 code, e.g. `en`); absent, in the question's
+    /// language, when the verifier can tell both.
     pub language: Option<String>,
     /// The answer matches this regular expression.
     pub regex: Option<String>,

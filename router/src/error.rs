@@ -42,8 +42,8 @@ pub enum RouterError {
     /// The agents together break a rule of the swarm (one fallback, one router, ...).
     #[error("swarm invariant: {0}")]
     Invariant(String),
-    /// The embedding model or the engine failed while routing.
-    #[error("routing: {0}")]
+    /// The embedding model or the engine failed a request of the router's or the judge's.
+    #[error("engine: {0}")]
     Engine(#[from] engine::EngineError),
     /// An agent runs on a model the placement's model catalog does not size.
     #[error("agent `{agent}` runs on model `{model}`, which the model catalog does not know")]
@@ -69,6 +69,9 @@ pub enum RouterError {
         largest_free_bytes: u64,
         largest_free_device: DeviceName,
     },
+    /// The judge ran but gave no verdict.
+    #[error("judge: {0}")]
+    Judge(String),
 }
 
 pub type Result<T, E = RouterError> = std::result::Result<T, E>;

@@ -11,6 +11,8 @@
 //!   model, by embeddings or by asking the generative model.
 //! - [`placement`] decides which device hosts which model replica and which agents, within each
 //!   device's memory budget.
+//! - [`verifier`] decides whether an answer may reach the user: deterministic checks on the
+//!   text, relevance by embeddings, and the verifier agent as judge.
 //!
 //! Every failure is a [`RouterError`].
 
@@ -78,6 +80,7 @@ pub mod error;
 pub mod placement;
 pub mod registry;
 pub mod route;
+pub mod verifier;
 
 pub use agent::{
     AgentId, AgentKind, AgentSpec, ModelId, OnFailure, SamplingDefaults, StreamMode,
@@ -91,3 +94,4 @@ pub use placement::{
 };
 pub use registry::{Registry, SharedRegistry};
 pub use route::{EmbeddingRouter, LlmRouter, Route};
+pub use verifier::{Candidate, Verdict, Verifier, VerifierConfig};

@@ -102,7 +102,11 @@ impl Choices {
             for j in 0..n {
                 let mut request = request.clone();
                 request.sampling.seed = request.sampling.seed.map(|s| s.wrapping_add(j as u64));
-                let admission = if streams.is_empty() { admission } else { &later };
+                let admission = if streams.is_empty() {
+                    admission
+                } else {
+                    &later
+                };
                 let events = admission.submit(state, prompt_tokens, request).await?;
                 streams.push(Box::pin(events) as Events);
             }

@@ -75,7 +75,7 @@ impl Embeddings {
     }
 
     /// Embeds `inputs`, in order, once no other request is computing.
-    async fn embed(&self, inputs: Vec<String>) -> Result<Vec<engine::Embedding>, ApiError> {
+    pub async fn embed(&self, inputs: Vec<String>) -> Result<Vec<engine::Embedding>, ApiError> {
         let permit = self
             .running
             .clone()

@@ -11,6 +11,7 @@ pub mod health;
 pub mod json;
 pub mod models;
 pub mod swarm;
+pub mod verify;
 
 use axum::http::{Method, Uri};
 

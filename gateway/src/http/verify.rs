@@ -1,0 +1,100 @@
+//! `POST /v1/swarm/verify`: runs the verifier alone on a question and an answer and returns its
+//! verdict.
+//!
+//! Relevance is the question's best cosine similarity with the whole answer or one of its first
+//! sentences; a JSON answer is also read as its keys and values. The embeddings for it go through [`Embeddings::embed`], so they take their
+//! turn with `/v1/embeddings` requests instead of blocking a runtime thread; without an
+//! embedding model the relevance check is skipped, not failed. The deterministic checks run
+//! first and a failure skips the embedding and the judge.
+
+use axum::extract::State;
+use axum::Json;
+use router::{Candidate, VerifierChecks};
+
+use crate::api::verify::{VerifyRequest, VerifyResponse};
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::http::embeddings::Embeddings;
+use crate::http::json::ApiJson;
+use crate::openapi::GenerationErrors;
+use crate::validate::verify::{validate_verify, ValidVerifyRequest};
+
+/// Checks an answer: deterministic checks, relevance by embeddings, and the verifier agent's
+/// judgement read from its log-probabilities.
+#[utoipa::path(post, path = "/v1/swarm/verify", tag = "swarm",
+    request_body = VerifyRequest,
+    responses(
+        (status = 200, description = "The verdict; a failed answer is still a 200.",
+            body = VerifyResponse),
+        GenerationErrors,
+    ),
+    security(("api_key" = [])))]
+pub async fn verify(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<VerifyRequest>,
+) -> Result<Json<VerifyResponse>, ApiError> {
+    let ValidVerifyRequest {
+        question,
+        answer,
+        finish_reason,
+        checks,
+    } = validate_verify(request)?;
+    let candidate = Candidate {
+        question: &question,
+        answer: &answer,
+        finish_reason,
+    };
+    let verifier = state.verifier();
+    let relevance = match state.embeddings() {
+        Some(embeddings) if wants_relevance(verifier.check(&candidate, &checks), &checks) => {
+            Some(similarity(embeddings, &question, &answer).await?)
+        }
+        _ => None,
+    };
+    let verdict = verifier.verify(&candidate, &checks, relevance).await?;
+    Ok(Json(VerifyResponse {
+        verdict: if verdict.passed { "passed" } else { "failed" },
+        score: verdict.score,
+        reasons: verdict.reasons,
+        relevance,
+    }))
+}
+
+/// Relevance is measured only when asked for and when the cheap checks have not already failed.
+fn wants_relevance(cheap_failures: Vec<String>, checks: &VerifierChecks) -> bool {
+    checks.relevance && cheap_failures.is_empty()
+}
+
+/// Sentences of the answer compared with the question, besides the whole answer.
+const MAX_PASSAGES: usize = 8;
+
+/// The highest cosine similarity between the question's sentence embedding and the whole
+/// answer's (as written, and as prose when it is JSON) or one of its first sentences'.
+async fn similarity(
+    embeddings: &Embeddings,
+    question: &str,
+    answer: &str,
+) -> Result<f32, ApiError> {
+    let prose = router::verifier::prose(answer);
+    let mut inputs = vec![question.to_owned(), answer.to_owned()];
+    if prose != answer {
+        inputs.push(prose.clone());
+    }
+    inputs.extend(
+        router::verifier::passages(&prose, MAX_PASSAGES)
+            .into_iter()
+            .map(str::to_owned),
+    );
+    let expected = inputs.len();
+    let vectors = embeddings.embed(inputs).await?;
+    match vectors.split_first() {
+        Some((q, rest)) if vectors.len() == expected => Ok(rest
+            .iter()
+            .map(|a| router::verifier::cosine(&q.vector, &a.vector))
+            .fold(f32::MIN, f32::max)),
+        _ => Err(ApiError::Internal(format!(
+            "the embedder returned {} vectors for {expected} inputs",
+            vectors.len()
+        ))),
+    }
+}

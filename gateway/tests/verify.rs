@@ -1,0 +1,186 @@
+//! `POST /v1/swarm/verify` end to end on the real models (SmolLM2 judges, all-MiniLM-L6-v2
+//! measures relevance), driven in process through `app()` with `oneshot`: obvious good and bad
+//! answers, what each check reports, and the error envelopes of bad requests.
+
+use std::path::PathBuf;
+use std::sync::LazyLock;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use engine::{Embedder, EmbedderConfig, EngineConfig, EngineHandle};
+use gateway::config::DEFAULT_MAX_BODY_BYTES;
+use gateway::http::embeddings::Embeddings;
+use gateway::{app, AppState};
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+fn models() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models")
+}
+
+fn engine() -> &'static EngineHandle {
+    static ENGINE: LazyLock<EngineHandle> = LazyLock::new(|| {
+        let model = models().join("SmolLM2-135M-Instruct.Q4_1.gguf");
+        assert!(
+            model.is_file(),
+            "{} is missing: run `make models`",
+            model.display()
+        );
+        EngineHandle::start(&EngineConfig {
+            model,
+            kv_cache_mb: 32,
+            host_kv_cache_mb: 0,
+            ..EngineConfig::default()
+        })
+        .expect("the engine starts")
+    });
+    &ENGINE
+}
+
+fn embeddings() -> Embeddings {
+    static EMBEDDINGS: LazyLock<Embeddings> = LazyLock::new(|| {
+        let model = models().join("all-MiniLM-L6-v2");
+        assert!(
+            model.is_dir(),
+            "{} is missing: run `make models`",
+            model.display()
+        );
+        Embeddings::new(
+            Embedder::load(&EmbedderConfig {
+                model,
+                threads: Some(1),
+            })
+            .expect("the embedder loads"),
+        )
+    });
+    EMBEDDINGS.clone()
+}
+
+fn state() -> AppState {
+    AppState::new(engine().clone(), DEFAULT_MAX_BODY_BYTES).with_embeddings(embeddings())
+}
+
+async fn verify(body: &Value) -> (StatusCode, Value) {
+    let request = Request::post("/v1/swarm/verify")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let response = app(state()).oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+fn codes(body: &Value) -> Vec<String> {
+    body["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().split(':').next().unwrap().to_owned())
+        .collect()
+}
+
+const QUESTION: &str = "What is the capital of France?";
+
+#[tokio::test]
+async fn a_right_answer_passes_with_a_judge_score() {
+    let (status, body) = verify(&json!({
+        "question": QUESTION,
+        "answer": "The capital of France is Paris.",
+    }))
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["verdict"], "passed", "{body}");
+    let score = body["score"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&score), "{body}");
+    assert!(body["relevance"].as_f64().unwrap() > 0.4, "{body}");
+    assert_eq!(body["reasons"], json!([]));
+}
+
+#[tokio::test]
+async fn an_off_topic_answer_fails_on_relevance() {
+    let (status, body) = verify(&json!({
+        "question": QUESTION,
+        "answer": "Sourdough bread needs a starter, flour, water and salt, and a long, slow rise \
+                   in a warm kitchen.",
+    }))
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["verdict"], "failed", "{body}");
+    assert_eq!(codes(&body), ["off_topic"], "{body}");
+    assert!(body["relevance"].as_f64().unwrap() < 0.2, "{body}");
+}
+
+#[tokio::test]
+async fn deterministic_failures_skip_the_model() {
+    let (_, empty) = verify(&json!({"question": QUESTION, "answer": " "})).await;
+    assert_eq!(codes(&empty), ["empty"]);
+    assert_eq!(empty["score"], 0.0);
+    assert_eq!(
+        empty["relevance"],
+        Value::Null,
+        "no embedding for a failed answer"
+    );
+    let (_, json) = verify(&json!({
+        "question": QUESTION,
+        "answer": "{\"capital\": \"Paris\"",
+        "requires_json": true,
+    }))
+    .await;
+    assert_eq!(codes(&json), ["invalid_json"]);
+    let (_, cut) = verify(&json!({
+        "question": QUESTION,
+        "answer": "The capital of France is Paris.",
+        "finish_reason": "length",
+    }))
+    .await;
+    assert_eq!(codes(&cut), ["truncated"]);
+}
+
+#[tokio::test]
+async fn bad_requests_get_the_error_envelope() {
+    for (body, param) in [
+        (json!({"answer": "Paris."}), "question"),
+        (json!({"question": QUESTION}), "answer"),
+        (
+            json!({"question": QUESTION, "answer": "x", "language": "French"}),
+            "language",
+        ),
+        (json!({"question": 3, "answer": "x"}), "question"),
+    ] {
+        let (status, error) = verify(&body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
+        assert_eq!(error["error"]["param"], param, "{error}");
+    }
+}
+
+/// The judge reads one step's log-probabilities under greedy decoding: the same question and
+/// answer get the same score, whatever else runs. (SmolLM2-135M barely tells a right answer from
+/// a refusal, about 0.26 against 0.27, which is why its threshold is only a veto of the clearest
+/// "no"; a larger verifier model makes it a real check.)
+#[tokio::test]
+async fn the_judge_scores_from_log_probabilities_deterministically() {
+    let state = state();
+    let verifier = state.verifier();
+    let right = verifier
+        .judge(QUESTION, "The capital of France is Paris.")
+        .await
+        .unwrap();
+    let again = verifier
+        .judge(QUESTION, "The capital of France is Paris.")
+        .await
+        .unwrap();
+    let refused = verifier
+        .judge(QUESTION, "I don't know and I will not tell you.")
+        .await
+        .unwrap();
+    assert!((0.0..=1.0).contains(&right) && (0.0..=1.0).contains(&refused));
+    assert!(
+        right > 0.0 && right < 1.0,
+        "a probability ratio, not a sampled word: {right}"
+    );
+    assert_eq!(right, again);
+}

@@ -1,0 +1,641 @@
+//! The verifier: whether an answer may reach the user. It returns a [`Verdict`]: passed or not,
+//! a score in 0..=1, and the reasons for a failure.
+//!
+//! Three kinds of check, cheapest first; a failure skips the costlier kinds, since one reason is
+//! enough to reject:
+//! 1. Deterministic checks on the text ([`Verifier::check`]): empty, truncated, degenerate
+//!    repetition, refusal, invalid JSON when JSON was asked for, wrong language, a regex the
+//!    answer must match. Pure functions of the text, microseconds.
+//! 2. Relevance: the cosine of the question's and the answer's sentence embeddings; under
+//!    [`VerifierConfig::min_relevance`] the answer is off topic. The caller computes the
+//!    embeddings (it owns the embedder's threads and decides where to block) and hands the
+//!    similarity in.
+//! 3. The judge ([`Verifier::judge`]): the verifier agent's system prompt, the question and the
+//!    answer, and one forward pass of the generative model. The verdict is read from the
+//!    log-probabilities of "yes" and "no" as the next token (`score_tokens`), never from sampled
+//!    text, so it is deterministic and costs one step beyond the prompt.
+//!
+//! Reasons start with the check's code (`empty`, `truncated`, `repetition`, `refusal`,
+//! `invalid_json`, `wrong_language`, `regex`, `off_topic`, `judge`), then a colon and the detail.
+//!
+//! The verifier never edits an answer and never generates one; what to do with a failed answer
+//! is the agent's [`crate::OnFailure`].
+
+mod language;
+
+use engine::{
+    ChatMessage, EngineHandle, Event, FinishReason, GenerateRequest, Prompt, SamplingParams,
+};
+
+use crate::agent::VerifierChecks;
+use crate::{Result, RouterError};
+
+pub use language::guess as guess_language;
+
+/// The verifier's thresholds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VerifierConfig {
+    /// Least cosine similarity between the question's and the answer's embeddings. With
+    /// all-MiniLM-L6-v2, answers on topic mostly score above 0.45 and unrelated text under 0.2;
+    /// an answer from a neighbouring topic lands between, so this is a compromise that keeps
+    /// rejected good answers rare.
+    pub min_relevance: f32,
+    /// Least P(yes) / (P(yes) + P(no)) from the judge. Low: with SmolLM2-135M as the verifier
+    /// model the judge's scores of good and bad answers overlap (mostly 0.2 to 0.6), so it only
+    /// vetoes the clearest "no"; a larger verifier model earns a higher threshold.
+    pub min_judge_score: f32,
+    /// Most share of repeated word 4-grams in an answer.
+    pub max_repetition: f32,
+    /// Answers of fewer words are never called repetitive: a short answer has too few n-grams
+    /// to measure.
+    pub min_repetition_words: usize,
+    /// Characters of the answer the judge reads; the rest is cut, so a long answer cannot push
+    /// the judge's prompt past the context window.
+    pub judge_answer_chars: usize,
+}
+
+impl Default for VerifierConfig {
+    fn default() -> Self {
+        Self {
+            min_relevance: 0.35,
+            min_judge_score: 0.05,
+            max_repetition: 0.25,
+            min_repetition_words: 24,
+            judge_answer_chars: 4000,
+        }
+    }
+}
+
+/// An answer to check, with what is known about how it was produced.
+#[derive(Clone, Copy, Debug)]
+pub struct Candidate<'a> {
+    pub question: &'a str,
+    pub answer: &'a str,
+    /// Why generation ended, when known; `Length` means the answer was cut.
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// What the verifier decided about one answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verdict {
+    pub passed: bool,
+    /// 0..=1, higher is better: the judge's P(yes) when it ran, else 1 for a pass and 0 for a
+    /// failure.
+    pub score: f32,
+    /// Why the answer failed; empty when it passed.
+    pub reasons: Vec<String>,
+}
+
+/// Phrases that open a refusal. Matched, lowercase, in the answer's first sentences: a refusal
+/// says so at once, while a helpful answer may mention "I cannot" deep inside.
+const REFUSALS: &[&str] = &[
+    "i can't help",
+    "i cannot help",
+    "i can't assist",
+    "i cannot assist",
+    "i can't provide",
+    "i cannot provide",
+    "i'm unable to",
+    "i am unable to",
+    "i'm not able to",
+    "i am not able to",
+    "i won't be able to",
+    "i can't do that",
+    "i cannot do that",
+    "i must decline",
+    "i'm sorry, but i can",
+    "i am sorry, but i can",
+    "as an ai",
+    "i'm not allowed",
+    "i am not allowed",
+];
+/// How far into the answer a refusal is looked for.
+const REFUSAL_WINDOW_CHARS: usize = 160;
+
+/// Words the judge's verdict may start with; each is scored when the tokenizer has it as one
+/// token.
+const YES: &[&str] = &["yes", " yes", "Yes", " Yes", "YES"];
+const NO: &[&str] = &["no", " no", "No", " No", "NO"];
+
+/// Checks answers for one swarm: holds the engine that runs the judge and the verifier agent's
+/// prompt.
+pub struct Verifier {
+    engine: EngineHandle,
+    system_prompt: String,
+    config: VerifierConfig,
+    yes: Vec<u32>,
+    no: Vec<u32>,
+}
+
+impl Verifier {
+    /// A verifier judging with `system_prompt` (the verifier agent's) on `engine`'s model.
+    pub fn new(engine: EngineHandle, system_prompt: String, config: VerifierConfig) -> Self {
+        let single_tokens = |words: &[&str]| {
+            let tokenizer = &engine.model().tokenizer;
+            let mut ids: Vec<u32> = words
+                .iter()
+                .filter_map(|w| {
+                    let encoding = tokenizer.encode(*w, false).ok()?;
+                    match encoding.get_ids() {
+                        [id] => Some(*id),
+                        _ => None,
+                    }
+                })
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        let yes = single_tokens(YES);
+        let no = single_tokens(NO);
+        Self {
+            engine,
+            system_prompt,
+            config,
+            yes,
+            no,
+        }
+    }
+
+    pub fn config(&self) -> &VerifierConfig {
+        &self.config
+    }
+
+    /// Runs `checks` on `candidate`: the deterministic ones, then relevance when `similarity`
+    /// (the question's and answer's cosine) is given and `checks.relevance` asks for it, then
+    /// the judge when `checks.judge` asks for it. Stops at the first kind that fails.
+    pub async fn verify(
+        &self,
+        candidate: &Candidate<'_>,
+        checks: &VerifierChecks,
+        similarity: Option<f32>,
+    ) -> Result<Verdict> {
+        let mut reasons = self.check(candidate, checks);
+        if reasons.is_empty() && checks.relevance {
+            if let Some(similarity) = similarity {
+                reasons.extend(self.relevance(similarity));
+            }
+        }
+        if !reasons.is_empty() {
+            return Ok(Verdict {
+                passed: false,
+                score: 0.0,
+                reasons,
+            });
+        }
+        if !checks.judge {
+            return Ok(Verdict {
+                passed: true,
+                score: 1.0,
+                reasons,
+            });
+        }
+        let score = self.judge(candidate.question, candidate.answer).await?;
+        if score < self.config.min_judge_score {
+            reasons.push(format!(
+                "judge: the verifier agent's score {score:.3} is under {}",
+                self.config.min_judge_score
+            ));
+        }
+        Ok(Verdict {
+            passed: reasons.is_empty(),
+            score,
+            reasons,
+        })
+    }
+
+    /// The deterministic checks that `checks` enables; the reasons of those that fail.
+    pub fn check(&self, candidate: &Candidate<'_>, checks: &VerifierChecks) -> Vec<String> {
+        deterministic(candidate, checks, &self.config)
+    }
+
+    /// The reason an answer whose embedding's cosine with the question's is `similarity` is off
+    /// topic, if it is.
+    pub fn relevance(&self, similarity: f32) -> Option<String> {
+        (similarity < self.config.min_relevance).then(|| {
+            format!(
+                "off_topic: the answer's similarity to the question is {similarity:.3}, under {}",
+                self.config.min_relevance
+            )
+        })
+    }
+
+    /// The verifier agent's P(yes) / (P(yes) + P(no)) that `answer` answers `question`, read from
+    /// one greedy step's log-probabilities.
+    pub async fn judge(&self, question: &str, answer: &str) -> Result<f32> {
+        if self.yes.is_empty() || self.no.is_empty() {
+            return Err(RouterError::Judge(
+                "the model's tokenizer has no single token for yes or no".into(),
+            ));
+        }
+        let answer = match answer.char_indices().nth(self.config.judge_answer_chars) {
+            Some((cut, _)) => &answer[..cut],
+            None => answer,
+        };
+        let messages = [
+            ChatMessage::new("system", self.system_prompt.as_str()),
+            ChatMessage::new(
+                "user",
+                format!(
+                    "Question:\n{question}\n\nAnswer:\n{answer}\n\n\
+                     Is this a good answer to the question? Reply yes or no."
+                ),
+            ),
+        ];
+        let prompt = self.engine.render_chat(&messages)?;
+        let mut score_tokens = self.yes.clone();
+        score_tokens.extend(&self.no);
+        let mut events = self.engine.submit(GenerateRequest {
+            sampling: SamplingParams::greedy(),
+            max_tokens: 1,
+            score_tokens,
+            // The judge holds an answer back from a user: it goes before new work.
+            priority: 5,
+            ..GenerateRequest::new(Prompt::Text(prompt))
+        })?;
+        while let Some(event) = events.next().await {
+            match event {
+                Event::Delta { logprobs, .. } => {
+                    if let Some(step) = logprobs.first() {
+                        return Ok(yes_share(&step.scored, &self.yes));
+                    }
+                }
+                Event::Finished { error, reason, .. } => {
+                    return Err(RouterError::Judge(error.unwrap_or_else(|| {
+                        format!("the judge ended ({}) before scoring", reason.as_str())
+                    })));
+                }
+                Event::PromptLogprobs(_) => {}
+            }
+        }
+        Err(RouterError::Judge("the engine dropped the judge".into()))
+    }
+}
+
+/// The deterministic checks that `checks` enables, under `config`'s thresholds.
+fn deterministic(
+    candidate: &Candidate<'_>,
+    checks: &VerifierChecks,
+    config: &VerifierConfig,
+) -> Vec<String> {
+    let answer = candidate.answer;
+
+    let mut reasons = Vec::new();
+    if answer.trim().is_empty() {
+        if checks.non_empty {
+            reasons.push("empty: the answer has no visible text".to_owned());
+        }
+        // Nothing else can be judged of no text.
+        return reasons;
+    }
+    if checks.not_truncated {
+        if candidate.finish_reason == Some(FinishReason::Length) {
+            reasons.push("truncated: generation stopped at max_tokens".to_owned());
+        } else if !checks.json && ends_mid_sentence(answer) {
+            reasons.push("truncated: the answer stops in the middle of a sentence".to_owned());
+        }
+    }
+    if checks.no_degenerate_repetition {
+        let share = repetition(answer, config.min_repetition_words);
+        if share > config.max_repetition {
+            reasons.push(format!(
+                "repetition: {:.0}% of the answer's word sequences repeat",
+                share * 100.0
+            ));
+        }
+    }
+    if let Some(phrase) = refusal(answer) {
+        reasons.push(format!("refusal: the answer declines (\"{phrase}\")"));
+    }
+    if checks.json {
+        if let Err(e) = serde_json::from_str::<serde_json::Value>(answer.trim()) {
+            reasons.push(format!("invalid_json: {e}"));
+        }
+    }
+    let wanted = match &checks.language {
+        Some(code) => Some(code.as_str()),
+        None => language::guess(candidate.question),
+    };
+    if let Some(wanted) = wanted {
+        if let Some(found) = language::mismatch(wanted, answer) {
+            reasons.push(format!(
+                "wrong_language: the answer reads as `{found}`, `{wanted}` was expected"
+            ));
+        }
+    }
+    if let Some(pattern) = &checks.regex {
+        // The policy's regex was compiled when the agent was validated.
+        match regex::Regex::new(pattern) {
+            Ok(re) if re.is_match(answer) => {}
+            Ok(_) => reasons.push(format!("regex: the answer does not match `{pattern}`")),
+            Err(e) => reasons.push(format!("regex: `{pattern}` does not compile: {e}")),
+        }
+    }
+    reasons
+}
+
+/// The answer's first sentences (at most `max`, each of a few words at least), to measure
+/// relevance on: a long answer's whole embedding is diluted by its details, while a relevant
+/// answer has at least one sentence close to the question.
+pub fn passages(answer: &str, max: usize) -> Vec<&str> {
+    answer
+        .split_inclusive(['.', '?', '!', '\n'])
+        .map(str::trim)
+        .filter(|s| s.split_whitespace().count() >= 4)
+        .take(max)
+        .collect()
+}
+
+/// The prose of an answer for embedding: a JSON answer's string values, keys and numbers joined
+/// as sentences (a sentence model reads braces and quotes as noise), any other answer as it is.
+pub fn prose(answer: &str) -> String {
+    fn collect(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::String(s) => out.push(s.clone()),
+            serde_json::Value::Number(n) => out.push(n.to_string()),
+            serde_json::Value::Array(items) => items.iter().for_each(|v| collect(v, out)),
+            serde_json::Value::Object(map) => {
+                for (key, v) in map {
+                    out.push(key.replace('_', " "));
+                    collect(v, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    match serde_json::from_str::<serde_json::Value>(answer.trim()) {
+        Ok(value @ (serde_json::Value::Object(_) | serde_json::Value::Array(_))) => {
+            let mut parts = Vec::new();
+            collect(&value, &mut parts);
+            parts.join(". ")
+        }
+        _ => answer.to_owned(),
+    }
+}
+
+/// Cosine similarity of two vectors; 0 when either is zero.
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let denominator = norm(a) * norm(b);
+    if denominator == 0.0 {
+        0.0
+    } else {
+        dot / denominator
+    }
+}
+
+/// P(yes) / (P(yes) + P(no)) from the scored tokens' log-probabilities.
+fn yes_share(scored: &[(u32, f32)], yes: &[u32]) -> f32 {
+    let (mut p_yes, mut p_no) = (0.0f32, 0.0f32);
+    for &(token, logprob) in scored {
+        if yes.contains(&token) {
+            p_yes += logprob.exp();
+        } else {
+            p_no += logprob.exp();
+        }
+    }
+    if p_yes + p_no == 0.0 {
+        0.5
+    } else {
+        p_yes / (p_yes + p_no)
+    }
+}
+
+/// Whether prose stops mid-sentence: the last line is a sentence (several words, not a list
+/// item, heading or code) and ends on a word or a comma rather than closing punctuation.
+fn ends_mid_sentence(answer: &str) -> bool {
+    let trimmed = answer.trim_end();
+    if trimmed.ends_with("```") {
+        return false;
+    }
+    let last_line = trimmed.lines().last().unwrap_or("").trim();
+    let is_item = last_line.starts_with(['-', '*', '#', '|', '>'])
+        || last_line
+            .split_once(['.', ')'])
+            .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+    if is_item || last_line.split_whitespace().count() < 6 {
+        return false;
+    }
+    let Some(last) = last_line.chars().last() else {
+        return false;
+    };
+    last.is_alphanumeric() || matches!(last, ',' | ';' | '-' | '(' | '\'' | '/')
+}
+
+/// Share of the answer's word 4-grams that repeat an earlier one; 0 for answers shorter than
+/// `min_words`. Loops ("the best is the best is the best ...") score near 1, prose near 0.
+fn repetition(answer: &str, min_words: usize) -> f32 {
+    let words: Vec<String> = answer
+        .split_whitespace()
+        .map(|w| {
+            w.trim_matches(|c: char| !c.is_alphanumeric())
+                .to_lowercase()
+        })
+        .filter(|w| !w.is_empty())
+        .collect();
+    if words.len() < min_words.max(4) {
+        return 0.0;
+    }
+    let grams: Vec<&[String]> = words.windows(4).collect();
+    let mut seen = std::collections::HashSet::with_capacity(grams.len());
+    let repeats = grams.iter().filter(|g| !seen.insert(**g)).count();
+    repeats as f32 / grams.len() as f32
+}
+
+/// The refusal phrase the answer opens with, if any.
+fn refusal(answer: &str) -> Option<&'static str> {
+    let head: String = answer
+        .chars()
+        .take(REFUSAL_WINDOW_CHARS)
+        .collect::<String>()
+        .to_lowercase()
+        .replace('’', "'");
+    REFUSALS.iter().copied().find(|p| head.contains(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate<'a>(question: &'a str, answer: &'a str) -> Candidate<'a> {
+        Candidate {
+            question,
+            answer,
+            finish_reason: Some(FinishReason::Stop),
+        }
+    }
+
+    /// The deterministic checks need no model: this runs them on a stand-alone config.
+    fn check(candidate: &Candidate<'_>, checks: &VerifierChecks) -> Vec<String> {
+        deterministic(candidate, checks, &VerifierConfig::default())
+    }
+
+    fn codes(reasons: &[String]) -> Vec<&str> {
+        reasons
+            .iter()
+            .map(|r| r.split(':').next().unwrap())
+            .collect()
+    }
+
+    const Q: &str = "How do I list the files in a directory on Linux?";
+    const GOOD: &str = "Use the ls command: `ls -la /path/to/dir` lists every file, hidden \
+                        ones included, with their sizes and permissions.";
+
+    #[test]
+    fn a_good_answer_passes() {
+        assert!(check(&candidate(Q, GOOD), &VerifierChecks::default()).is_empty());
+    }
+
+    #[test]
+    fn empty_and_blank_answers_fail() {
+        for answer in ["", "   \n\t "] {
+            let reasons = check(&candidate(Q, answer), &VerifierChecks::default());
+            assert_eq!(codes(&reasons), ["empty"]);
+        }
+    }
+
+    #[test]
+    fn length_stops_and_cut_sentences_are_truncated() {
+        let cut = Candidate {
+            finish_reason: Some(FinishReason::Length),
+            ..candidate(Q, GOOD)
+        };
+        assert_eq!(
+            codes(&check(&cut, &VerifierChecks::default())),
+            ["truncated"]
+        );
+        let mid = "Use the ls command, which lists the files of the directory you give it and";
+        assert_eq!(
+            codes(&check(&candidate(Q, mid), &VerifierChecks::default())),
+            ["truncated"]
+        );
+        // Lists, code blocks and short lines end without a full stop and are not cut.
+        for whole in [
+            "Options:\n- ls\n- find . -maxdepth 1",
+            "Run:\n```sh\nls -la\n```",
+            "ls -la",
+        ] {
+            assert!(
+                check(&candidate(Q, whole), &VerifierChecks::default()).is_empty(),
+                "{whole}"
+            );
+        }
+    }
+
+    #[test]
+    fn loops_are_degenerate_repetition() {
+        let looped = "The ls command lists files. ".repeat(12);
+        assert_eq!(
+            codes(&check(&candidate(Q, &looped), &VerifierChecks::default())),
+            ["repetition"]
+        );
+        assert!(repetition(GOOD, 4) < 0.1);
+        assert_eq!(
+            repetition("ls ls ls ls ls", 24),
+            0.0,
+            "too short to measure"
+        );
+    }
+
+    #[test]
+    fn refusals_fail() {
+        let refused = "I'm sorry, but I can't help with that request.";
+        assert_eq!(
+            codes(&check(&candidate(Q, refused), &VerifierChecks::default())),
+            ["refusal"]
+        );
+    }
+
+    #[test]
+    fn json_is_checked_only_when_asked() {
+        let json = VerifierChecks {
+            json: true,
+            ..VerifierChecks::default()
+        };
+        assert!(check(&candidate(Q, r#"{"command": "ls -la"}"#), &json).is_empty());
+        let broken = r#"{"command": "ls -la""#;
+        assert_eq!(
+            codes(&check(&candidate(Q, broken), &json)),
+            ["invalid_json"]
+        );
+        assert!(check(&candidate(Q, GOOD), &VerifierChecks::default()).is_empty());
+    }
+
+    #[test]
+    fn the_answer_keeps_the_question_or_policy_language() {
+        let french = "Utilisez la commande ls : elle affiche les fichiers du dossier, et \
+                      l'option -a montre aussi ceux qui sont cachés.";
+        assert_eq!(
+            codes(&check(&candidate(Q, french), &VerifierChecks::default())),
+            ["wrong_language"]
+        );
+        let policy = VerifierChecks {
+            language: Some("fr".into()),
+            ..VerifierChecks::default()
+        };
+        assert!(check(&candidate(Q, french), &policy).is_empty());
+        assert_eq!(
+            codes(&check(&candidate(Q, GOOD), &policy)),
+            ["wrong_language"]
+        );
+    }
+
+    #[test]
+    fn a_policy_regex_must_match() {
+        let checks = VerifierChecks {
+            regex: Some(r"`ls[^`]*`".into()),
+            ..VerifierChecks::default()
+        };
+        assert!(check(&candidate(Q, GOOD), &checks).is_empty());
+        let other = "Open the file manager and look at the folder.";
+        assert_eq!(codes(&check(&candidate(Q, other), &checks)), ["regex"]);
+    }
+
+    #[test]
+    fn disabled_checks_do_not_run() {
+        let none = VerifierChecks {
+            non_empty: false,
+            not_truncated: false,
+            no_degenerate_repetition: false,
+            ..VerifierChecks::default()
+        };
+        assert!(check(&candidate(Q, ""), &none).is_empty());
+        let looped = "The ls command lists files. ".repeat(12);
+        assert!(check(&candidate(Q, &looped), &none).is_empty());
+    }
+
+    #[test]
+    fn yes_share_normalises_over_the_scored_tokens() {
+        let scored = [(1, 0.5f32.ln()), (2, 0.1f32.ln()), (3, 0.1f32.ln())];
+        assert!((yes_share(&scored, &[1]) - 0.5 / 0.7).abs() < 1e-6);
+        assert!((yes_share(&scored, &[1, 2]) - 0.6 / 0.7).abs() < 1e-6);
+        assert_eq!(yes_share(&[], &[1]), 0.5);
+    }
+
+    #[test]
+    fn passages_are_the_first_real_sentences() {
+        let answer = "Sure! Use ls to list them. It takes -a for hidden files.\nls -la\nDone.";
+        assert_eq!(
+            passages(answer, 8),
+            ["Use ls to list them.", "It takes -a for hidden files."]
+        );
+        assert_eq!(passages(answer, 1), ["Use ls to list them."]);
+    }
+
+    #[test]
+    fn json_answers_are_read_as_their_values() {
+        assert_eq!(
+            prose(r#"{"city": "Paris", "first_year": 508, "tags": ["capital"]}"#),
+            "city. Paris. first year. 508. tags. capital"
+        );
+        assert_eq!(prose("Paris."), "Paris.");
+    }
+
+    #[test]
+    fn cosine_of_parallel_orthogonal_and_zero_vectors() {
+        assert!((cosine(&[1.0, 2.0], &[2.0, 4.0]) - 1.0).abs() < 1e-6);
+        assert_eq!(cosine(&[1.0, 0.0], &[0.0, 1.0]), 0.0);
+        assert_eq!(cosine(&[0.0, 0.0], &[1.0, 1.0]), 0.0);
+    }
+}

@@ -6,6 +6,9 @@
 pub mod routing;
 pub mod verifier;
 
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 
 #[derive(Args, Debug)]
@@ -22,6 +25,24 @@ enum Eval {
     /// Judge labelled answers through `POST /v1/swarm/verify`: bad answers rejected, good ones
     /// rejected, per defect, and latency.
     Verifier(verifier::VerifierEvalArgs),
+}
+
+/// The labelled items of a JSONL file, one per non-blank line; an error names the line.
+fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let items = text
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(i, line)| {
+            serde_json::from_str(line).with_context(|| format!("{}:{}", path.display(), i + 1))
+        })
+        .collect::<Result<Vec<T>>>()?;
+    if items.is_empty() {
+        bail!("{} has no items", path.display());
+    }
+    Ok(items)
 }
 
 pub fn run(args: EvalArgs) -> anyhow::Result<()> {

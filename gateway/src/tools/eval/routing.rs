@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use engine::{EmbedderConfig, EngineConfig};
 use serde::{Deserialize, Serialize};
@@ -77,20 +77,7 @@ struct Report {
 }
 
 pub fn run(args: RoutingArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&args.file)
-        .with_context(|| format!("cannot read {}", args.file.display()))?;
-    let labelled = text
-        .lines()
-        .enumerate()
-        .filter(|(_, line)| !line.trim().is_empty())
-        .map(|(i, line)| {
-            serde_json::from_str::<Labelled>(line)
-                .with_context(|| format!("{}:{}", args.file.display(), i + 1))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    if labelled.is_empty() {
-        bail!("{} has no queries", args.file.display());
-    }
+    let labelled: Vec<Labelled> = super::read_jsonl(&args.file)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

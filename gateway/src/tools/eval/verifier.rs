@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use engine::{EmbedderConfig, EngineConfig, EngineHandle};
 use serde::{Deserialize, Serialize};
@@ -88,20 +88,7 @@ struct Report {
 }
 
 pub fn run(args: VerifierEvalArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&args.file)
-        .with_context(|| format!("reading {}", args.file.display()))?;
-    let items = text
-        .lines()
-        .enumerate()
-        .filter(|(_, line)| !line.trim().is_empty())
-        .map(|(n, line)| {
-            serde_json::from_str::<Item>(line)
-                .with_context(|| format!("{}:{}", args.file.display(), n + 1))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    if items.is_empty() {
-        bail!("{} has no items", args.file.display());
-    }
+    let items: Vec<Item> = super::read_jsonl(&args.file)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -2,38 +2,22 @@
 //! with `oneshot`: the default swarm file's agents, both strategies, the error envelopes, and a
 //! server started without a swarm.
 
-use std::path::PathBuf;
+mod support;
+
 use std::sync::{Arc, LazyLock};
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
-use engine::{Embedder, EmbedderConfig, EngineConfig, EngineHandle};
+use engine::{Embedder, EmbedderConfig};
 use gateway::config::DEFAULT_MAX_BODY_BYTES;
 use gateway::http::swarm::Swarm;
 use gateway::{app, AppState};
 use router::SwarmConfig;
 use serde_json::{json, Value};
+use support::{engine, root};
 use tower::ServiceExt;
 
 const AGENTS: [&str; 6] = ["analyst", "coder", "general", "math", "support", "writer"];
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn engine() -> &'static EngineHandle {
-    static ENGINE: LazyLock<EngineHandle> = LazyLock::new(|| {
-        EngineHandle::start(&EngineConfig {
-            model: root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-            kv_cache_mb: 16,
-            host_kv_cache_mb: 0,
-            threads: Some(1),
-            ..EngineConfig::default()
-        })
-        .expect("the engine starts (run `make models`)")
-    });
-    &ENGINE
-}
 
 fn swarm() -> Swarm {
     static SWARM: LazyLock<Swarm> = LazyLock::new(|| {

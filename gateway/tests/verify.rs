@@ -2,40 +2,19 @@
 //! measures relevance), driven in process through `app()` with `oneshot`: obvious good and bad
 //! answers, what each check reports, and the error envelopes of bad requests.
 
-use std::path::PathBuf;
+mod support;
+
 use std::sync::LazyLock;
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
-use engine::{Embedder, EmbedderConfig, EngineConfig, EngineHandle};
+use engine::{Embedder, EmbedderConfig};
 use gateway::config::DEFAULT_MAX_BODY_BYTES;
 use gateway::http::embeddings::Embeddings;
 use gateway::{app, AppState};
 use serde_json::{json, Value};
+use support::{engine, models};
 use tower::ServiceExt;
-
-fn models() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models")
-}
-
-fn engine() -> &'static EngineHandle {
-    static ENGINE: LazyLock<EngineHandle> = LazyLock::new(|| {
-        let model = models().join("SmolLM2-135M-Instruct.Q4_1.gguf");
-        assert!(
-            model.is_file(),
-            "{} is missing: run `make models`",
-            model.display()
-        );
-        EngineHandle::start(&EngineConfig {
-            model,
-            kv_cache_mb: 32,
-            host_kv_cache_mb: 0,
-            ..EngineConfig::default()
-        })
-        .expect("the engine starts")
-    });
-    &ENGINE
-}
 
 fn embeddings() -> Embeddings {
     static EMBEDDINGS: LazyLock<Embeddings> = LazyLock::new(|| {

@@ -1,6 +1,7 @@
 //! What the end-to-end test files share: the one engine a test binary runs on the real model,
 //! the lock that gives each generating test that engine to itself, and the checks that a
-//! cancelled request freed it.
+//! cancelled request freed it. Each test file uses the part it needs.
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -15,12 +16,20 @@ pub const QUESTION: &str = "What is the capital of France? Answer in one sentenc
 /// far longer than any test waits.
 pub const ENDLESS_PROMPT: &str = "Count from 1 to 10000.";
 
+/// The repository's root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Where `make models` puts the models.
+pub fn models() -> PathBuf {
+    root().join("models")
+}
+
 /// The binary's engine, started on first use (loading the model is the slow part).
 pub fn engine() -> &'static EngineHandle {
     static ENGINE: LazyLock<EngineHandle> = LazyLock::new(|| {
-        let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../models")
-            .join(format!("{MODEL_ID}.gguf"));
+        let model = models().join(format!("{MODEL_ID}.gguf"));
         assert!(
             model.is_file(),
             "{} is missing: run `make models`",

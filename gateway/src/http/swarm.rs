@@ -14,10 +14,10 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::Json;
-use engine::{Embedder, EngineHandle};
+use engine::{ChatMessage, Embedder, EngineHandle, ModelInfo};
 use router::route::embedding::DEFAULT_METHOD;
 use router::{
-    EmbeddingRouter, LlmRouter, Registry, Route, RoutingConfig, RoutingStrategy, SharedRegistry,
+    AgentSpec, EmbeddingRouter, LlmRouter, Registry, Route, RoutingConfig, RoutingStrategy, SharedRegistry,
     SwarmConfig,
 };
 
@@ -111,6 +111,18 @@ impl Swarm {
             RoutingStrategy::Llm => Ok(self.inner.llm.route(&registry, &text).await?),
         }
     }
+}
+
+/// What every prompt of `agent` starts with: its system prompt alone, rendered by `model`'s chat
+/// template (no generation header). Chat requests answered by the agent put this system message
+/// first, so their token ids begin with this text's, and a pin of it keeps that prefix warm.
+/// `None` for an agent without a system prompt.
+pub fn system_prefix(model: &ModelInfo, agent: &AgentSpec) -> Option<engine::Result<String>> {
+    if agent.system_prompt.trim().is_empty() {
+        return None;
+    }
+    let system = [ChatMessage::new("system", agent.system_prompt.as_str())];
+    Some(model.chat_template.render(&system, false))
 }
 
 /// Chooses the agent that would answer a conversation, without generating.

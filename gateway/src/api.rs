@@ -80,6 +80,8 @@ pub struct ChatCompletionRequest {
     #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<i64>,
     pub response_format: Option<ResponseFormat>,
+    /// Options for requests to the swarm (`model: "swarm"`, `"auto"` or an agent's name).
+    pub swarm: Option<swarm::SwarmOptions>,
     #[serde(flatten)]
     pub options: GenerationOptions,
 }
@@ -156,6 +158,9 @@ pub struct ChatCompletion {
     pub model: String,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
+    /// Requests to the swarm only: which agent answered, the verdict, and the cost of each hop.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swarm: Option<swarm::SwarmReport>,
 }
 
 #[derive(Clone, Debug, Serialize, ToSchema)]
@@ -193,6 +198,10 @@ pub struct ChatCompletionChunk {
     /// `finish_reason` is `"error"`; OpenAI's SDKs raise on a chunk with an `error` key.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorBody>,
+    /// Requests to the swarm only: on the first chunk, and on a last chunk before `[DONE]`
+    /// when the verdict comes after the text (`provisional` streams).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swarm: Option<swarm::SwarmReport>,
 }
 
 #[derive(Clone, Debug, Serialize, ToSchema)]
@@ -391,6 +400,7 @@ mod tests {
                 total_tokens: 5,
                 prompt_tokens_details: PromptTokensDetails { cached_tokens: 1 },
             },
+            swarm: None,
         };
         assert_eq!(
             serde_json::to_value(&completion).unwrap(),
@@ -419,6 +429,7 @@ mod tests {
             choices,
             usage,
             error: None,
+            swarm: None,
         }
     }
 

@@ -45,6 +45,7 @@ pub mod logprobs;
 pub mod metrics;
 pub mod openapi;
 pub mod state;
+pub mod swarm;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod validate;
@@ -85,6 +86,11 @@ pub async fn serve(
     let swarm = match config.swarm_file() {
         Some(path) => {
             let swarm_config = router::SwarmConfig::load(&path)?;
+            let verifier_prompt = swarm_config
+                .agents
+                .iter()
+                .find(|agent| agent.kind == router::AgentKind::Verifier)
+                .map(|agent| agent.system_prompt.clone());
             let embedder = embeddings
                 .as_ref()
                 .map(http::embeddings::Embeddings::embedder);
@@ -99,7 +105,7 @@ pub async fn serve(
                 strategy = ?swarm.routing().strategy,
                 "swarm loaded"
             );
-            Some(swarm)
+            Some((swarm, verifier_prompt))
         }
         None => None,
     };
@@ -107,8 +113,18 @@ pub async fn serve(
     if let Some(embeddings) = embeddings {
         state = state.with_embeddings(embeddings);
     }
-    if let Some(swarm) = swarm {
+    if let Some((swarm, verifier_prompt)) = swarm {
         state = state.with_swarm(swarm);
+        // The swarm's own verifier agent judges answers (the registry requires one when a
+        // policy asks for the judge; without one the shipped prompt stays).
+        if let Some(prompt) = verifier_prompt {
+            let verifier = router::Verifier::new(
+                state.engine().clone(),
+                prompt,
+                router::VerifierConfig::default(),
+            );
+            state = state.with_verifier(verifier);
+        }
     }
     // One signal, awaited by both servers and by the grace period.
     let signal = shutdown_signal().shared();

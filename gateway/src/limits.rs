@@ -93,8 +93,47 @@ impl Limits {
         let Some(quota) = self.tpm else {
             return Ok(TokenCharge(None));
         };
+        self.charge(format!("tpm:{caller}"), quota, tokens, |retry| {
+            format!(
+                "Rate limit reached for tokens per minute (limit {}, requested {tokens}); \
+                 retry in {retry} s, or ask for fewer max_tokens.",
+                quota.capacity(),
+            )
+        })
+        .await
+    }
+
+    /// Takes `tokens` (at most the whole budget) from the token budget of the agent `agent`,
+    /// `per_minute` tokens a minute shared by every caller; `None` is no budget.
+    pub async fn charge_agent(
+        &self,
+        agent: &str,
+        per_minute: Option<u64>,
+        tokens: u64,
+    ) -> Result<TokenCharge, ApiError> {
+        let Some(quota) = per_minute.and_then(Quota::per_minute) else {
+            return Ok(TokenCharge(None));
+        };
+        self.charge(format!("agent-tpm:{agent}"), quota, tokens, |retry| {
+            format!(
+                "The agent `{agent}` has used its token budget (limit {} tokens per minute, \
+                 requested {tokens}); retry in {retry} s.",
+                quota.capacity(),
+            )
+        })
+        .await
+    }
+
+    /// Takes `tokens`, capped at the quota, from `bucket`; a refusal is a 429 whose message
+    /// `refused` writes from the seconds to wait.
+    async fn charge(
+        &self,
+        bucket: String,
+        quota: Quota,
+        tokens: u64,
+        refused: impl FnOnce(f64) -> String,
+    ) -> Result<TokenCharge, ApiError> {
         let amount = tokens.min(quota.capacity());
-        let bucket = format!("tpm:{caller}");
         match self.store.take(&bucket, quota, amount).await? {
             Take::Granted => Ok(TokenCharge(Some(Charged {
                 store: self.store.clone(),
@@ -103,21 +142,17 @@ impl Limits {
                 amount,
             }))),
             Take::Denied { retry_after } => Err(ApiError::RateLimited {
-                message: format!(
-                    "Rate limit reached for tokens per minute (limit {}, requested {tokens}); \
-                     retry in {} s, or ask for fewer max_tokens.",
-                    quota.capacity(),
-                    retry_after.as_secs_f64().ceil()
-                ),
+                message: refused(retry_after.as_secs_f64().ceil()),
                 retry_after,
             }),
         }
     }
 }
 
-/// Tokens taken from a caller's bucket for one request; [`TokenCharge::settle`] gives back
-/// what the request did not use.
-struct TokenCharge(Option<Charged>);
+/// Tokens taken from a bucket for one request; [`TokenCharge::settle`] gives back what the
+/// request did not use.
+#[must_use = "settle the charge with the tokens used"]
+pub struct TokenCharge(Option<Charged>);
 
 struct Charged {
     store: Arc<dyn StateStore>,
@@ -128,7 +163,7 @@ struct Charged {
 
 impl TokenCharge {
     /// The request used `used` tokens in all; the rest of the charge goes back to the bucket.
-    fn settle(self, used: u64) {
+    pub fn settle(self, used: u64) {
         let Some(charged) = self.0 else { return };
         let unused = charged.amount.saturating_sub(used);
         if unused == 0 {
@@ -227,7 +262,19 @@ impl Admission {
         &self,
         state: &AppState,
         prompt_tokens: usize,
+        request: GenerateRequest,
+    ) -> Result<impl Stream<Item = Result<Event, ApiError>> + Send + Unpin + 'static, ApiError>
+    {
+        self.submit_as(state, prompt_tokens, request, None).await
+    }
+
+    /// [`Admission::submit`], with the request's metrics also counted as `agent`'s.
+    pub async fn submit_as(
+        &self,
+        state: &AppState,
+        prompt_tokens: usize,
         mut request: GenerateRequest,
+        agent: Option<&str>,
     ) -> Result<impl Stream<Item = Result<Event, ApiError>> + Send + Unpin + 'static, ApiError>
     {
         let cost = (prompt_tokens + request.max_tokens) as u64;
@@ -247,7 +294,7 @@ impl Admission {
             }
         });
         let events = deadline::watch(events, self.deadlines);
-        Ok(state.metrics().observe(events, self.arrived))
+        Ok(state.metrics().observe(events, self.arrived, agent))
     }
 }
 

@@ -11,6 +11,10 @@
 //! - [`Metrics::observe`], around each request's engine events: time to first token,
 //!   inter-token latency, end-to-end duration, prompt and generation tokens;
 //! - [`crate::limits::admit`]: the time a request waited for admission;
+//! - the swarm's pipeline ([`crate::swarm`]), per agent (`agent` label; agents are few and
+//!   named by the swarm's operators): requests answered, first-token and inter-token latency,
+//!   verdicts, retries, and prompt tokens with those served from the prefix cache (their ratio
+//!   is the agent's hit rate);
 //! - the engine's [`EngineStats`], read when `/metrics` is scraped: running and waiting
 //!   sequences and the KV cache's gauges and counters. Reading them takes the engine's stats
 //!   lock for a copy, never across an await.
@@ -45,6 +49,13 @@ const QUEUE_TIME: &str = "swarmgate_queue_time_seconds";
 const PROMPT_TOKENS: &str = "swarmgate_prompt_tokens_total";
 const GENERATION_TOKENS: &str = "swarmgate_generation_tokens_total";
 const RUNNING: &str = "swarmgate_running_sequences";
+const AGENT_REQUESTS: &str = "swarmgate_agent_requests_total";
+const AGENT_TIME_TO_FIRST_TOKEN: &str = "swarmgate_agent_time_to_first_token_seconds";
+const AGENT_INTER_TOKEN_LATENCY: &str = "swarmgate_agent_inter_token_latency_seconds";
+const AGENT_VERDICTS: &str = "swarmgate_agent_verdicts_total";
+const AGENT_RETRIES: &str = "swarmgate_agent_retries_total";
+const AGENT_PROMPT_TOKENS: &str = "swarmgate_agent_prompt_tokens_total";
+const AGENT_CACHED_TOKENS: &str = "swarmgate_agent_cached_prompt_tokens_total";
 const WAITING: &str = "swarmgate_waiting_sequences";
 
 /// The route label of requests no route matched: one series, whatever the path.
@@ -54,7 +65,7 @@ const UNMATCHED: &str = "unmatched";
 pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Histogram buckets, in seconds, per family: each spans what that latency plausibly takes.
-const BUCKETS: [(&str, &[f64]); 4] = [
+const BUCKETS: [(&str, &[f64]); 6] = [
     (
         REQUEST_DURATION,
         &[
@@ -69,6 +80,16 @@ const BUCKETS: [(&str, &[f64]); 4] = [
     ),
     (
         INTER_TOKEN_LATENCY,
+        &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0],
+    ),
+    (
+        AGENT_TIME_TO_FIRST_TOKEN,
+        &[
+            0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ],
+    ),
+    (
+        AGENT_INTER_TOKEN_LATENCY,
         &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0],
     ),
     (
@@ -307,29 +328,38 @@ impl Metrics {
         }
     }
 
-    /// Records a request's latencies and token counts from its events as they pass. `arrived`
-    /// is when the request reached the server: first-token and end-to-end times count from it.
+    /// Records a request's latencies and token counts from its events as they pass, also as
+    /// `agent`'s when it is set. `arrived` is when the request reached the server: first-token
+    /// and end-to-end times count from it.
     pub fn observe<S>(
         &self,
         events: S,
         arrived: Instant,
+        agent: Option<&str>,
     ) -> impl Stream<Item = S::Item> + Send + Unpin
     where
         S: Stream<Item = Result<Event, ApiError>> + Send + Unpin,
     {
         let inner = self.inner.clone();
+        let agent = agent.map(|name| AgentSeries::new(&inner.recorder, name));
         let mut last_token: Option<Instant> = None;
         events.inspect(move |item| {
             let now = Instant::now();
             match item {
                 Ok(Event::Delta { tokens, .. }) if !tokens.is_empty() => {
                     match last_token {
-                        None => inner.time_to_first_token.record(now - arrived),
+                        None => {
+                            inner.time_to_first_token.record(now - arrived);
+                            if let Some(agent) = &agent {
+                                agent.time_to_first_token.record(now - arrived);
+                            }
+                        }
                         Some(previous) => {
-                            let gap = (now - previous) / tokens.len() as u32;
-                            inner
-                                .inter_token_latency
-                                .record_many(gap.as_secs_f64(), tokens.len());
+                            let gap = ((now - previous) / tokens.len() as u32).as_secs_f64();
+                            inner.inter_token_latency.record_many(gap, tokens.len());
+                            if let Some(agent) = &agent {
+                                agent.inter_token_latency.record_many(gap, tokens.len());
+                            }
                         }
                     }
                     last_token = Some(now);
@@ -341,10 +371,65 @@ impl Metrics {
                         .generation_tokens
                         .increment(usage.completion_tokens as u64);
                     inner.request_duration.record(now - arrived);
+                    if let Some(agent) = &agent {
+                        agent.prompt_tokens.increment(usage.prompt_tokens as u64);
+                        agent.cached_tokens.increment(usage.cached_tokens as u64);
+                    }
                 }
                 Err(_) => inner.request_duration.record(now - arrived),
             }
         })
+    }
+
+    /// Counts a swarm request answered by `agent`.
+    pub fn agent_request(&self, agent: &str) {
+        self.agent_counter(AGENT_REQUESTS, agent, None).increment(1);
+    }
+
+    /// Counts the verifier's verdict (`passed`, `failed`, `skipped`) on `agent`'s answer.
+    pub fn agent_verdict(&self, agent: &str, verdict: &str) {
+        self.agent_counter(AGENT_VERDICTS, agent, Some(("verdict", verdict)))
+            .increment(1);
+    }
+
+    /// Counts an answer of `agent` generated again after the verifier rejected it.
+    pub fn agent_retry(&self, agent: &str) {
+        self.agent_counter(AGENT_RETRIES, agent, None).increment(1);
+    }
+
+    fn agent_counter(
+        &self,
+        name: &'static str,
+        agent: &str,
+        label: Option<(&'static str, &str)>,
+    ) -> Counter {
+        let mut labels = vec![Label::new("agent", agent.to_owned())];
+        labels.extend(label.map(|(k, v)| Label::new(k, v.to_owned())));
+        self.inner
+            .recorder
+            .register_counter(&Key::from_parts(name, labels), &METADATA)
+    }
+}
+
+/// One agent's series, looked up once per request.
+struct AgentSeries {
+    time_to_first_token: Histogram,
+    inter_token_latency: Histogram,
+    prompt_tokens: Counter,
+    cached_tokens: Counter,
+}
+
+impl AgentSeries {
+    fn new(recorder: &PrometheusRecorder, agent: &str) -> Self {
+        let key = |name| Key::from_parts(name, vec![Label::new("agent", agent.to_owned())]);
+        Self {
+            time_to_first_token: recorder
+                .register_histogram(&key(AGENT_TIME_TO_FIRST_TOKEN), &METADATA),
+            inter_token_latency: recorder
+                .register_histogram(&key(AGENT_INTER_TOKEN_LATENCY), &METADATA),
+            prompt_tokens: recorder.register_counter(&key(AGENT_PROMPT_TOKENS), &METADATA),
+            cached_tokens: recorder.register_counter(&key(AGENT_CACHED_TOKENS), &METADATA),
+        }
     }
 }
 
@@ -366,6 +451,20 @@ fn describe(recorder: &PrometheusRecorder) {
         (REJECTIONS, "Requests refused, by reason."),
         (PROMPT_TOKENS, "Prompt tokens of finished requests."),
         (GENERATION_TOKENS, "Tokens generated for finished requests."),
+        (AGENT_REQUESTS, "Swarm requests answered, by agent."),
+        (
+            AGENT_VERDICTS,
+            "Verifier verdicts on returned answers, by agent and verdict.",
+        ),
+        (
+            AGENT_RETRIES,
+            "Answers generated again after the verifier rejected them, by agent.",
+        ),
+        (AGENT_PROMPT_TOKENS, "Prompt tokens of agents' generations."),
+        (
+            AGENT_CACHED_TOKENS,
+            "Prompt tokens of agents' generations served from the prefix cache.",
+        ),
     ];
     for (name, help) in counters {
         recorder.describe_counter(KeyName::from_const_str(name), None, help.into());
@@ -391,6 +490,14 @@ fn describe(recorder: &PrometheusRecorder) {
             "Time between consecutive generated tokens.",
         ),
         (QUEUE_TIME, "Time waited for an admission slot."),
+        (
+            AGENT_TIME_TO_FIRST_TOKEN,
+            "Time from arrival to an agent's first generated token.",
+        ),
+        (
+            AGENT_INTER_TOKEN_LATENCY,
+            "Time between consecutive tokens an agent generated.",
+        ),
     ];
     for (name, help) in histograms {
         recorder.describe_histogram(KeyName::from_const_str(name), seconds, help.into());

@@ -66,6 +66,12 @@ pub fn validate_chat(
     model: &ModelInfo,
 ) -> Result<ValidChatRequest, ApiError> {
     let model_id = check_model(request.model.as_deref(), &model.id)?;
+    if request.swarm.is_some() {
+        return Err(ApiError::invalid(
+            "swarm",
+            "swarm options apply only to the swarm's models: 'swarm', 'auto' or an agent's name",
+        ));
+    }
     let logprobs = logprobs(&request)?;
     let format = response_format(&request)?;
     let max_tokens = match request.max_completion_tokens {

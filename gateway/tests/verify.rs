@@ -147,15 +147,18 @@ async fn the_judge_scores_from_log_probabilities_deterministically() {
     let right = verifier
         .judge(QUESTION, "The capital of France is Paris.")
         .await
-        .unwrap();
+        .unwrap()
+        .score;
     let again = verifier
         .judge(QUESTION, "The capital of France is Paris.")
         .await
-        .unwrap();
+        .unwrap()
+        .score;
     let refused = verifier
         .judge(QUESTION, "I don't know and I will not tell you.")
         .await
-        .unwrap();
+        .unwrap()
+        .score;
     assert!((0.0..=1.0).contains(&right) && (0.0..=1.0).contains(&refused));
     assert!(
         right > 0.0 && right < 1.0,

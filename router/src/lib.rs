@@ -94,4 +94,4 @@ pub use placement::{
 };
 pub use registry::{Registry, SharedRegistry};
 pub use route::{EmbeddingRouter, LlmRouter, Route};
-pub use verifier::{Candidate, Verdict, Verifier, VerifierConfig};
+pub use verifier::{Candidate, Judgement, Verdict, Verifier, VerifierConfig};

@@ -84,6 +84,17 @@ pub struct Verdict {
     pub score: f32,
     /// Why the answer failed; empty when it passed.
     pub reasons: Vec<String>,
+    /// The tokens the judge read and wrote; zero when it did not run.
+    pub usage: engine::Usage,
+}
+
+/// The judge's reading of one answer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Judgement {
+    /// P(yes) / (P(yes) + P(no)).
+    pub score: f32,
+    /// The judge's prompt and its one scored step.
+    pub usage: engine::Usage,
 }
 
 /// Phrases that open a refusal. Matched, lowercase, in the answer's first sentences: a refusal
@@ -181,6 +192,7 @@ impl Verifier {
                 passed: false,
                 score: 0.0,
                 reasons,
+                usage: engine::Usage::default(),
             });
         }
         if !checks.judge {
@@ -188,9 +200,10 @@ impl Verifier {
                 passed: true,
                 score: 1.0,
                 reasons,
+                usage: engine::Usage::default(),
             });
         }
-        let score = self.judge(candidate.question, candidate.answer).await?;
+        let Judgement { score, usage } = self.judge(candidate.question, candidate.answer).await?;
         if score < self.config.min_judge_score {
             reasons.push(format!(
                 "judge: the verifier agent's score {score:.3} is under {}",
@@ -201,6 +214,7 @@ impl Verifier {
             passed: reasons.is_empty(),
             score,
             reasons,
+            usage,
         })
     }
 
@@ -221,8 +235,8 @@ impl Verifier {
     }
 
     /// The verifier agent's P(yes) / (P(yes) + P(no)) that `answer` answers `question`, read from
-    /// one greedy step's log-probabilities.
-    pub async fn judge(&self, question: &str, answer: &str) -> Result<f32> {
+    /// one greedy step's log-probabilities, and what that step cost.
+    pub async fn judge(&self, question: &str, answer: &str) -> Result<Judgement> {
         if self.yes.is_empty() || self.no.is_empty() {
             return Err(RouterError::Judge(
                 "the model's tokenizer has no single token for yes or no".into(),
@@ -253,17 +267,25 @@ impl Verifier {
             priority: 5,
             ..GenerateRequest::new(Prompt::Text(prompt))
         })?;
+        let mut score = None;
         while let Some(event) = events.next().await {
             match event {
                 Event::Delta { logprobs, .. } => {
                     if let Some(step) = logprobs.first() {
-                        return Ok(yes_share(&step.scored, &self.yes));
+                        score.get_or_insert_with(|| yes_share(&step.scored, &self.yes));
                     }
                 }
-                Event::Finished { error, reason, .. } => {
-                    return Err(RouterError::Judge(error.unwrap_or_else(|| {
-                        format!("the judge ended ({}) before scoring", reason.as_str())
-                    })));
+                Event::Finished {
+                    error,
+                    reason,
+                    usage,
+                } => {
+                    return match (score, error) {
+                        (Some(score), None) => Ok(Judgement { score, usage }),
+                        (_, error) => Err(RouterError::Judge(error.unwrap_or_else(|| {
+                            format!("the judge ended ({}) before scoring", reason.as_str())
+                        }))),
+                    };
                 }
                 Event::PromptLogprobs(_) => {}
             }

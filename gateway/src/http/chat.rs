@@ -55,6 +55,11 @@ pub async fn create(
     admission: Admission,
     ApiJson(request): ApiJson<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
+    if let Some(swarm) = state.swarm() {
+        if swarm.answers(request.model.as_deref()) {
+            return crate::swarm::create(state.clone(), admission, swarm.clone(), request).await;
+        }
+    }
     let engine = state.engine();
     let ValidChatRequest {
         model,
@@ -68,11 +73,8 @@ pub async fn create(
     } = validate_chat(request, engine.model())?;
     let choices = Choices::submit(&state, &admission, vec![(prompt_tokens, generate)], n).await?;
     let answer = Answer {
-        id: format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()),
-        created: unix_now(),
-        model,
         tokenizer: logprobs.map(|_| engine.model().tokenizer.clone()),
-        include_usage,
+        ..Answer::new(model, include_usage)
     };
     if !stream {
         let (collected, usage) = choices.collect().await?;
@@ -96,6 +98,7 @@ pub async fn create(
             model: answer.model,
             choices,
             usage,
+            swarm: None,
         })
         .into_response());
     }
@@ -103,16 +106,27 @@ pub async fn create(
 }
 
 /// What the completion, or every chunk, of one answer shares.
-struct Answer {
-    id: String,
-    created: u64,
-    model: String,
+pub(crate) struct Answer {
+    pub(crate) id: String,
+    pub(crate) created: u64,
+    pub(crate) model: String,
     /// Set when the client asked for log-probabilities: turns token ids into text and bytes.
-    tokenizer: Option<Arc<Tokenizer>>,
-    include_usage: bool,
+    pub(crate) tokenizer: Option<Arc<Tokenizer>>,
+    pub(crate) include_usage: bool,
 }
 
 impl Answer {
+    /// A new answer of `model`, without log-probabilities.
+    pub(crate) fn new(model: String, include_usage: bool) -> Self {
+        Self {
+            id: format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()),
+            created: unix_now(),
+            model,
+            tokenizer: None,
+            include_usage,
+        }
+    }
+
     fn logprobs(&self, logprobs: &[TokenLogprob]) -> Option<ChoiceLogprobs> {
         self.tokenizer.as_ref().map(|tokenizer| ChoiceLogprobs {
             content: logprobs::to_wire(tokenizer, logprobs),
@@ -129,6 +143,7 @@ impl Answer {
             // With include_usage, OpenAI sends `"usage": null` on every chunk but the last.
             usage: self.include_usage.then_some(None),
             error: None,
+            swarm: None,
         }
     }
 

@@ -80,6 +80,8 @@ pub struct Choices {
     /// Answers per prompt.
     n: usize,
     usage: engine::Usage,
+    /// Each choice's own counts, once its sequence reported them.
+    per_choice: Vec<engine::Usage>,
     /// Choices whose engine sequence reported its usage.
     finished: usize,
 }
@@ -117,6 +119,7 @@ impl Choices {
     /// The answers whose events are `streams`, `n` per prompt, in index order.
     pub(crate) fn new(streams: Vec<Events>, n: usize) -> Self {
         let ended = vec![false; streams.len()];
+        let per_choice = vec![engine::Usage::default(); streams.len()];
         let merged = stream::select_all(streams.into_iter().enumerate().map(|(i, events)| {
             let tagged = events
                 .map(Some)
@@ -129,6 +132,7 @@ impl Choices {
             ended,
             n,
             usage: engine::Usage::default(),
+            per_choice,
             finished: 0,
         }
     }
@@ -184,6 +188,7 @@ impl Choices {
             self.usage.cached_tokens += usage.cached_tokens;
         }
         self.usage.completion_tokens += usage.completion_tokens;
+        self.per_choice[index] = usage;
         self.finished += 1;
     }
 
@@ -219,6 +224,9 @@ impl Choices {
                 Update::Finished { index, reason } => choices[index].finish_reason = Some(reason),
                 Update::Failed { error, .. } => return Err(error),
             }
+        }
+        for (choice, usage) in choices.iter_mut().zip(&self.per_choice) {
+            choice.usage = *usage;
         }
         Ok((choices, self.usage()))
     }
@@ -294,6 +302,8 @@ pub struct Collected {
     pub logprobs: Vec<TokenLogprob>,
     /// Set when the choice finished.
     pub finish_reason: Option<api::FinishReason>,
+    /// The choice's own sequence's counts (its prompt, cached part included, and its tokens).
+    pub usage: engine::Usage,
 }
 
 /// What the streamed chunks of every endpoint carry besides their choices.

@@ -17,8 +17,8 @@ use axum::Json;
 use engine::{ChatMessage, Embedder, EngineHandle, ModelInfo};
 use router::route::embedding::DEFAULT_METHOD;
 use router::{
-    AgentSpec, EmbeddingRouter, LlmRouter, Registry, Route, RoutingConfig, RoutingStrategy, SharedRegistry,
-    SwarmConfig,
+    AgentSpec, EmbeddingRouter, LlmRouter, Registry, Route, RoutingConfig, RoutingStrategy,
+    SharedRegistry, SwarmConfig,
 };
 
 use crate::api::swarm::{RouteRequest, RouteResponse};
@@ -28,8 +28,11 @@ use crate::http::json::ApiJson;
 use crate::openapi::GenerationErrors;
 use crate::validate::swarm::{validate_route, ValidRouteRequest};
 
-/// The model name that asks the swarm to choose the agent (`auto` is its alias).
+/// The model name that asks the swarm to choose the agent.
 pub const SWARM_MODEL: &str = "swarm";
+
+/// [`SWARM_MODEL`]'s alias.
+pub const AUTO_MODEL: &str = "auto";
 
 /// The swarm as handlers reach it. Cloning is one reference-count increment.
 #[derive(Clone)]
@@ -81,6 +84,21 @@ impl Swarm {
     /// The agents; edits take effect from the next request.
     pub fn registry(&self) -> &SharedRegistry {
         &self.inner.registry
+    }
+
+    /// Whether a chat request for `model` is the swarm's to answer: [`SWARM_MODEL`],
+    /// [`AUTO_MODEL`], or the name of an answering agent (system agents never answer users).
+    pub fn answers(&self, model: Option<&str>) -> bool {
+        match model {
+            Some(SWARM_MODEL | AUTO_MODEL) => true,
+            Some(name) => self
+                .inner
+                .registry
+                .snapshot()
+                .get(name)
+                .is_some_and(|agent| !agent.kind.is_system()),
+            None => false,
+        }
     }
 
     pub fn routing(&self) -> &RoutingConfig {
@@ -142,10 +160,11 @@ pub async fn route(
     };
     let ValidRouteRequest { text, strategy } = validate_route(request)?;
     let route = swarm.route(text, strategy).await?;
-    Ok(Json(response(route)))
+    Ok(Json(route_response(route)))
 }
 
-fn response(route: Route) -> RouteResponse {
+/// A routing decision as the API shows it.
+pub(crate) fn route_response(route: Route) -> RouteResponse {
     RouteResponse {
         agent: route.agent.to_string(),
         strategy: match route.strategy {

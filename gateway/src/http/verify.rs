@@ -47,7 +47,7 @@ pub async fn verify(
     let verifier = state.verifier();
     let relevance = match state.embeddings() {
         Some(embeddings) if wants_relevance(verifier.check(&candidate, &checks), &checks) => {
-            Some(similarity(embeddings, &question, &answer).await?)
+            Some(similarity(embeddings, &question, &answer).await?.0)
         }
         _ => None,
     };
@@ -69,12 +69,13 @@ fn wants_relevance(cheap_failures: Vec<String>, checks: &VerifierChecks) -> bool
 const MAX_PASSAGES: usize = 8;
 
 /// The highest cosine similarity between the question's sentence embedding and the whole
-/// answer's (as written, and as prose when it is JSON) or one of its first sentences'.
-async fn similarity(
+/// answer's (as written, and as prose when it is JSON) or one of its first sentences', and the
+/// word pieces the encoder read for it.
+pub(crate) async fn similarity(
     embeddings: &Embeddings,
     question: &str,
     answer: &str,
-) -> Result<f32, ApiError> {
+) -> Result<(f32, usize), ApiError> {
     let prose = router::verifier::prose(answer);
     let mut inputs = vec![question.to_owned(), answer.to_owned()];
     if prose != answer {
@@ -87,11 +88,14 @@ async fn similarity(
     );
     let expected = inputs.len();
     let vectors = embeddings.embed(inputs).await?;
+    let tokens = vectors.iter().map(|v| v.tokens).sum();
     match vectors.split_first() {
-        Some((q, rest)) if vectors.len() == expected => Ok(rest
-            .iter()
-            .map(|a| router::verifier::cosine(&q.vector, &a.vector))
-            .fold(f32::MIN, f32::max)),
+        Some((q, rest)) if vectors.len() == expected => Ok((
+            rest.iter()
+                .map(|a| router::verifier::cosine(&q.vector, &a.vector))
+                .fold(f32::MIN, f32::max),
+            tokens,
+        )),
         _ => Err(ApiError::Internal(format!(
             "the embedder returned {} vectors for {expected} inputs",
             vectors.len()

@@ -92,8 +92,12 @@ impl EmbeddingRouter {
             .embedder
             .embed(&[text])?
             .pop()
-            .expect("one embedding per input")
-            .vector;
+            .expect("one embedding per input");
+        let usage = engine::Usage {
+            prompt_tokens: query.tokens,
+            ..engine::Usage::default()
+        };
+        let query = query.vector;
         let similarities: Vec<f32> = index
             .agents
             .values()
@@ -109,6 +113,7 @@ impl EmbeddingRouter {
             agent: decide(registry, &scores, self.margin),
             strategy: RoutingStrategy::Embedding,
             scores,
+            usage,
         })
     }
 

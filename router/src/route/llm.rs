@@ -42,6 +42,7 @@ impl LlmRouter {
         let (request, labels) = self.request(registry, text)?;
         let mut stream = self.engine.submit(request)?;
         let mut scored = None;
+        let mut usage = engine::Usage::default();
         while let Some(event) = stream.next().await {
             match event {
                 Event::Delta { logprobs, .. } => {
@@ -52,7 +53,10 @@ impl LlmRouter {
                 Event::Finished { error: Some(e), .. } => {
                     return Err(RouterError::Engine(engine::EngineError::Model(e)))
                 }
-                Event::Finished { .. } => break,
+                Event::Finished { usage: used, .. } => {
+                    usage = used;
+                    break;
+                }
                 // Routing never asks for the prompt's log-probabilities.
                 Event::PromptLogprobs(_) => {}
             }
@@ -67,6 +71,7 @@ impl LlmRouter {
             agent: decide(registry, &scores, self.margin),
             strategy: RoutingStrategy::Llm,
             scores,
+            usage,
         })
     }
 

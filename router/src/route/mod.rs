@@ -32,6 +32,9 @@ pub struct Route {
     pub strategy: RoutingStrategy,
     /// Every answering agent's score, in `0..=1`; higher fits better.
     pub scores: BTreeMap<AgentId, f32>,
+    /// The tokens the decision read: the encoder's word pieces, or the routing prompt and the
+    /// one scored step of the generative model.
+    pub usage: engine::Usage,
 }
 
 /// The agents a request can be routed to: every specialist and the general agent, by name.

@@ -222,6 +222,40 @@ def test_models_list_names_the_served_model(client):
     assert MODEL in ids
 
 
+# Swarm
+
+
+def test_swarm_routes_and_accounts_for_every_hop(client):
+    raw = client.chat.completions.with_raw_response.create(
+        model="swarm",
+        messages=[{"role": "user", "content": "Solve for x: 5x - 3 = 12."}],
+        temperature=0,
+        max_tokens=48,
+    )
+    response = raw.parse()
+    assert raw.headers["x-swarm-agent"] == "math"
+    swarm = response.to_dict()["swarm"]
+    assert swarm["agent"] == "math" and swarm["route"]["strategy"] == "embedding"
+    assert swarm["verdict"]["status"] in ("passed", "failed")
+    hops = swarm["usage"]
+    assert [h["hop"] for h in hops][:2] == ["route", "generate"]
+    assert response.usage.total_tokens == sum(h["total_tokens"] for h in hops)
+    assert response.choices[0].message.content
+
+
+def test_swarm_stream_opens_with_the_agent(client):
+    stream = client.chat.completions.create(
+        model="auto",
+        messages=[{"role": "user", "content": "Solve for x: 2x + 1 = 9."}],
+        temperature=0,
+        max_tokens=32,
+        stream=True,
+    )
+    chunks = list(stream)
+    assert chunks[0].to_dict()["swarm"]["agent"] == "math"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
 # Errors
 
 

@@ -260,13 +260,16 @@ impl EngineHandle {
         let prompt = self.tokens(prefix)?;
         let id = self.shared.next_pin.fetch_add(1, Ordering::Relaxed);
         let tokens = prompt.len();
+        let (pinned, ready) = tokio::sync::oneshot::channel();
         self.shared
             .commands
-            .send(Command::Pin { id, prompt })
+            .send(Command::Pin { id, prompt, pinned })
             .map_err(|_| EngineError::Stopped)?;
         Ok(PrefixPin {
             id,
             tokens,
+            blocks: None,
+            ready: Some(ready),
             commands: self.shared.commands.clone(),
         })
     }
@@ -308,6 +311,10 @@ impl EngineHandle {
 pub struct PrefixPin {
     id: u64,
     tokens: usize,
+    /// Blocks pinned, once known.
+    blocks: Option<usize>,
+    /// Answers once the prefill has run and its blocks are pinned.
+    ready: Option<tokio::sync::oneshot::Receiver<usize>>,
     commands: Sender<Command>,
 }
 
@@ -315,6 +322,15 @@ impl PrefixPin {
     /// Length of the pinned prefix in tokens (only its full blocks are pinned).
     pub fn tokens(&self) -> usize {
         self.tokens
+    }
+
+    /// Waits until the prefix is prefilled and pinned; returns how many blocks were pinned: 0
+    /// when the prefill failed (the engine stopped, or the cache could not hold the prefix).
+    pub async fn pinned(&mut self) -> usize {
+        if let Some(ready) = self.ready.take() {
+            self.blocks = Some(ready.await.unwrap_or(0));
+        }
+        self.blocks.unwrap_or(0)
     }
 }
 

@@ -47,10 +47,12 @@ pub(crate) struct Submission {
 
 pub(crate) enum Command {
     Submit(Box<Submission>),
-    /// Prefill `prompt` and pin its full blocks until `Unpin` with the same id.
+    /// Prefill `prompt` and pin its full blocks until `Unpin` with the same id; `pinned` gets
+    /// the number of blocks pinned (dropped unsent if the prefill fails).
     Pin {
         id: u64,
         prompt: Vec<u32>,
+        pinned: tokio::sync::oneshot::Sender<usize>,
     },
     Unpin {
         id: u64,
@@ -63,6 +65,7 @@ enum Pin {
     /// is not taken for cancelled.
     Warming {
         _events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+        pinned: tokio::sync::oneshot::Sender<usize>,
     },
     Pinned(Vec<BlockKey>),
 }
@@ -260,7 +263,7 @@ impl Worker {
                 } = *s;
                 self.admit(id, prompt, request, events, Some(slot), None);
             }
-            Command::Pin { id, prompt } => {
+            Command::Pin { id, prompt, pinned } => {
                 let (events, rx) = tokio::sync::mpsc::unbounded_channel();
                 let request = GenerateRequest {
                     sampling: crate::SamplingParams::greedy(),
@@ -268,7 +271,13 @@ impl Worker {
                     ignore_eos: true,
                     ..GenerateRequest::new(crate::Prompt::Tokens(Vec::new()))
                 };
-                self.pins.insert(id, Pin::Warming { _events: rx });
+                self.pins.insert(
+                    id,
+                    Pin::Warming {
+                        _events: rx,
+                        pinned,
+                    },
+                );
                 // Internal requests use ids above any the handle gives out.
                 let request_id = RequestId(u64::MAX - id);
                 self.admit(request_id, prompt, request, events, None, Some(id));
@@ -483,13 +492,24 @@ impl Worker {
         let Some(mut out) = self.outputs.remove(&id) else {
             return;
         };
-        if let (Some(pin), Some(seq)) = (out.pin, &seq) {
-            // A pre-warmed prefix: pin its full blocks, unless it was unpinned meanwhile.
-            if let Some(entry @ Pin::Warming { .. }) = self.pins.get_mut(&pin) {
+        // A pre-warmed prefix: pin its full blocks, unless it was unpinned meanwhile. If its
+        // prefill failed there is nothing to pin: forgetting the pin tells its holder so.
+        let prefilled = seq
+            .as_ref()
+            .filter(|_| matches!(reason, FinishReason::Stop | FinishReason::Length));
+        if let (Some(pin), None) = (out.pin, prefilled) {
+            self.pins.remove(&pin);
+        }
+        if let (Some(pin), Some(seq)) = (out.pin, prefilled) {
+            if let Some(Pin::Warming { .. }) = self.pins.get(&pin) {
                 let keys = seq.blocks.prefix_keys(seq.prompt_len());
-                let pinned = self.scheduler.kv().pin(&keys);
-                tracing::info!(blocks = pinned, "prefix pinned");
-                *entry = Pin::Pinned(keys);
+                let blocks = self.scheduler.kv().pin(&keys);
+                tracing::info!(blocks, "prefix pinned");
+                if let Some(Pin::Warming { pinned, .. }) = self.pins.insert(pin, Pin::Pinned(keys))
+                {
+                    // The holder may have stopped waiting; the pin stands either way.
+                    let _ = pinned.send(blocks);
+                }
             }
         }
         if matches!(reason, FinishReason::Stop | FinishReason::Length) {

@@ -227,13 +227,14 @@ fn a_pinned_prefix_stays_on_the_device() {
     let probe = chat_tokens(&engine, &system, "x");
     let other = chat_tokens(&engine, &system, "y");
     let prefix = &probe[..common_prefix(&probe, &other)];
-    let pin = engine.pin_prefix(&Prompt::Tokens(prefix.to_vec())).unwrap();
+    let mut pin = engine.pin_prefix(&Prompt::Tokens(prefix.to_vec())).unwrap();
     let pinned_blocks = prefix.len() / BLOCK;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    assert_eq!(futures::executor::block_on(pin.pinned()), pinned_blocks);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while counters(&engine).gauges.device_pinned < pinned_blocks {
         assert!(
             std::time::Instant::now() < deadline,
-            "the prefix was never pinned"
+            "the pinned blocks never showed in the gauge"
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }

@@ -10,8 +10,9 @@
 //! event becomes a chunk is `http::chat`'s.
 //!
 //! [`embeddings`] holds the types of `POST /v1/embeddings`; [`verify`] those of
-//! `POST /v1/swarm/verify`.
+//! `POST /v1/swarm/verify`; [`agents`] those of `/v1/agents`.
 
+pub mod agents;
 pub mod completions;
 pub mod embeddings;
 pub mod models;

@@ -78,7 +78,7 @@ impl AppState {
                 model_id,
                 started: http::chat::unix_now(),
                 max_body_bytes: config.max_body_bytes,
-                auth: Auth::new(&config.api_keys, config.metrics_public),
+                auth: Auth::new(&config.api_keys, &config.admin_keys, config.metrics_public),
                 limits: Limits::new(config),
                 metrics: Metrics::new(),
             }),
@@ -198,6 +198,14 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/swarm/verify", post(http::verify::verify))
         .route("/v1/models", get(http::models::list))
         .route("/v1/swarm/route", post(http::swarm::route))
+        .route(
+            "/v1/agents",
+            get(http::agents::list).post(http::agents::create),
+        )
+        .route(
+            "/v1/agents/{name}",
+            get(http::agents::get).delete(http::agents::delete),
+        )
         .route("/health", get(http::health::health))
         .route("/ready", get(http::health::ready))
         .route("/metrics", get(metrics::scrape))

@@ -6,6 +6,11 @@
 //! the probes (`/health`, `/ready`) and, unless `--metrics-public false`, `/metrics`; a missing
 //! key or a wrong one is a 401 before anything else runs.
 //!
+//! Admin keys (`--admin-key`, `SWARMGATE_ADMIN_KEYS`, `admin_keys`) are API keys that may also
+//! edit the swarm ([`Auth::admin`]): adding or removing agents needs one, whether or not the
+//! rest of the API is open. Without admin keys such edits are refused (403 `admin_disabled`);
+//! with them, no key is a 401, and a key that is not an admin key a 403 `admin_key_required`.
+//!
 //! Invariants:
 //! - keys are kept only as SHA-256 digests, and a presented key is compared with every digest
 //!   in constant time, so neither the time taken nor the order of the keys tells an attacker how
@@ -116,7 +121,11 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 
 /// The configured keys and which routes are open without one.
 pub struct Auth {
+    /// API keys and admin keys: each authenticates its caller.
     digests: Vec<[u8; 32]>,
+    /// Whether API keys are configured, closing the API to callers without one.
+    closed: bool,
+    admin: Vec<[u8; 32]>,
     metrics_public: bool,
 }
 
@@ -124,54 +133,87 @@ pub struct Auth {
 const PROBES: [&str; 2] = ["/health", "/ready"];
 
 impl Auth {
-    pub fn new(keys: &[ApiKey], metrics_public: bool) -> Self {
+    pub fn new(keys: &[ApiKey], admin_keys: &[ApiKey], metrics_public: bool) -> Self {
+        let admin: Vec<_> = admin_keys.iter().map(|k| digest(&k.0)).collect();
         Self {
-            digests: keys.iter().map(|k| digest(&k.0)).collect(),
+            digests: keys
+                .iter()
+                .map(|k| digest(&k.0))
+                .chain(admin.clone())
+                .collect(),
+            closed: !keys.is_empty(),
+            admin,
             metrics_public,
         }
     }
 
     fn is_open(&self, path: &str) -> bool {
-        self.digests.is_empty()
-            || PROBES.contains(&path)
-            || (self.metrics_public && path == "/metrics")
+        !self.closed || PROBES.contains(&path) || (self.metrics_public && path == "/metrics")
     }
 
     /// The caller of a request that always needs a key when keys are configured (every gRPC
     /// call): anonymous when none is.
     pub fn check(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
-        if self.digests.is_empty() {
+        if !self.closed {
             return Ok(Caller::Anonymous);
         }
         self.caller(headers)
     }
 
+    /// Whether `headers` carry an admin key; the error says why not (see the module header).
+    pub fn admin(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        if self.admin.is_empty() {
+            return Err(ApiError::Forbidden {
+                message: "Editing agents is turned off on this server: it has no admin key \
+                          (--admin-key, SWARMGATE_ADMIN_KEYS or admin_keys)."
+                    .into(),
+                code: "admin_disabled",
+            });
+        }
+        let presented = presented(headers)?;
+        if bool::from(matches(&self.admin, &presented)) {
+            Ok(())
+        } else if bool::from(matches(&self.digests, &presented)) {
+            Err(ApiError::Forbidden {
+                message: "Editing agents needs an admin key; this key is not one.".into(),
+                code: "admin_key_required",
+            })
+        } else {
+            Err(ApiError::InvalidApiKey)
+        }
+    }
+
     /// The caller `headers` authenticate as.
     fn caller(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
-        let value = headers
-            .get(header::AUTHORIZATION)
-            .ok_or(ApiError::MissingApiKey)?;
-        let key = value
-            .to_str()
-            .ok()
-            .and_then(|v| v.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, key)| key.trim())
-            .ok_or(ApiError::InvalidApiKey)?;
-        let presented = digest(key);
-        // Every digest is compared, whatever matched first.
-        let matched = self
-            .digests
-            .iter()
-            .fold(subtle::Choice::from(0), |found, d| {
-                found | d.ct_eq(&presented)
-            });
-        if bool::from(matched) {
+        let presented = presented(headers)?;
+        if bool::from(matches(&self.digests, &presented)) {
             Ok(Caller::Key(KeyId::of(&presented)))
         } else {
             Err(ApiError::InvalidApiKey)
         }
     }
+}
+
+/// The digest of the bearer key in `headers`.
+fn presented(headers: &HeaderMap) -> Result<[u8; 32], ApiError> {
+    let value = headers
+        .get(header::AUTHORIZATION)
+        .ok_or(ApiError::MissingApiKey)?;
+    let key = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, key)| key.trim())
+        .ok_or(ApiError::InvalidApiKey)?;
+    Ok(digest(key))
+}
+
+/// Whether `presented` is one of `digests`; every digest is compared, whatever matched first.
+fn matches(digests: &[[u8; 32]], presented: &[u8; 32]) -> subtle::Choice {
+    digests.iter().fold(subtle::Choice::from(0), |found, d| {
+        found | d.ct_eq(presented)
+    })
 }
 
 fn digest(key: &str) -> [u8; 32] {
@@ -203,7 +245,7 @@ mod tests {
 
     fn keys(keys: &[&str]) -> Auth {
         let keys: Vec<ApiKey> = keys.iter().map(|k| k.parse().unwrap()).collect();
-        Auth::new(&keys, true)
+        Auth::new(&keys, &[], true)
     }
 
     fn bearer(value: &str) -> HeaderMap {
@@ -240,6 +282,45 @@ mod tests {
         assert_eq!(auth.caller(&bearer("Bearer sk-alpha")).unwrap(), alpha);
     }
 
+    fn code(result: Result<(), ApiError>) -> &'static str {
+        match result {
+            Err(ApiError::Forbidden { code, .. }) => code,
+            Err(ApiError::MissingApiKey | ApiError::InvalidApiKey) => "401",
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_admin_keys_may_administer() {
+        let parse = |k: &str| -> ApiKey { k.parse().unwrap() };
+        let none = Auth::new(&[parse("sk-alpha")], &[], true);
+        assert_eq!(
+            code(none.admin(&bearer("Bearer sk-alpha"))),
+            "admin_disabled"
+        );
+
+        let auth = Auth::new(&[parse("sk-alpha")], &[parse("sk-root")], true);
+        assert!(auth.admin(&bearer("Bearer sk-root")).is_ok());
+        assert_eq!(
+            code(auth.admin(&bearer("Bearer sk-alpha"))),
+            "admin_key_required"
+        );
+        assert_eq!(code(auth.admin(&HeaderMap::new())), "401");
+        assert_eq!(code(auth.admin(&bearer("Bearer sk-nope"))), "401");
+        // An admin key is an API key too, and a caller of its own.
+        let root = auth.caller(&bearer("Bearer sk-root")).unwrap();
+        assert_ne!(root, auth.caller(&bearer("Bearer sk-alpha")).unwrap());
+    }
+
+    #[test]
+    fn admin_keys_alone_leave_the_api_open() {
+        let auth = Auth::new(&[], &["sk-root".parse().unwrap()], true);
+        assert!(auth.is_open("/v1/chat/completions"));
+        assert_eq!(auth.check(&HeaderMap::new()).unwrap(), Caller::Anonymous);
+        assert!(auth.admin(&bearer("Bearer sk-root")).is_ok());
+        assert_eq!(code(auth.admin(&HeaderMap::new())), "401");
+    }
+
     #[test]
     fn missing_wrong_and_malformed_keys_are_refused() {
         let auth = keys(&["sk-alpha"]);
@@ -266,10 +347,10 @@ mod tests {
         let auth = keys(&["sk-alpha"]);
         assert!(auth.is_open("/health") && auth.is_open("/ready") && auth.is_open("/metrics"));
         assert!(!auth.is_open("/v1/chat/completions"));
-        let private = Auth::new(&["sk-alpha".parse().unwrap()], false);
+        let private = Auth::new(&["sk-alpha".parse().unwrap()], &[], false);
         assert!(!private.is_open("/metrics"));
         assert!(
-            Auth::new(&[], false).is_open("/v1/chat/completions"),
+            Auth::new(&[], &[], false).is_open("/v1/chat/completions"),
             "no keys: open"
         );
     }

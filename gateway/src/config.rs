@@ -60,6 +60,16 @@ pub struct ServeConfig {
         hide_env_values = true
     )]
     pub api_keys: Vec<ApiKey>,
+    /// A key that may also add and remove agents (`POST`/`DELETE /v1/agents`); repeat the flag
+    /// for more (the environment variable takes a comma-separated list). An admin key is
+    /// accepted wherever an API key is. Without admin keys, agents cannot be edited at run time.
+    #[arg(
+        long = "admin-key",
+        env = "SWARMGATE_ADMIN_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub admin_keys: Vec<ApiKey>,
     /// Serve `/metrics` without a key even when keys are configured.
     #[arg(long, env = "SWARMGATE_METRICS_PUBLIC", default_value_t = true, action = clap::ArgAction::Set)]
     pub metrics_public: bool,
@@ -112,6 +122,7 @@ impl Default for ServeConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             shutdown_grace_secs: 30,
             api_keys: Vec::new(),
+            admin_keys: Vec::new(),
             metrics_public: true,
             rpm: 0,
             tpm: 0,

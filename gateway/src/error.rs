@@ -8,7 +8,10 @@
 //! |---|---|---|---|---|
 //! | `InvalidRequest` | 400 | `invalid_request_error` | — | `invalid` |
 //! | `MissingApiKey`, `InvalidApiKey` | 401 | `invalid_request_error` | `invalid_api_key` | `auth` |
+//! | `Forbidden` | 403 | `permission_error` | its own (`admin_disabled`, ...) | `auth` |
 //! | `ModelNotFound` | 404 | `invalid_request_error` | `model_not_found` | `invalid` |
+//! | `AgentNotFound` | 404 | `invalid_request_error` | `agent_not_found` | `invalid` |
+//! | `Conflict` | 409 | `invalid_request_error` | its own (`agent_exists`, ...) | `invalid` |
 //! | `UnknownRoute` | 404 | `invalid_request_error` | `unknown_url` | `invalid` |
 //! | `MethodNotAllowed` | 405 | `invalid_request_error` | `method_not_allowed` | `invalid` |
 //! | `PayloadTooLarge` | 413 | `invalid_request_error` | `request_too_large` | `body_too_large` |
@@ -66,6 +69,15 @@ pub enum ApiError {
     /// The request's key is not one of the configured keys.
     #[error("Incorrect API key provided.")]
     InvalidApiKey,
+    /// The key is valid but may not do this (an administrative call without an admin key).
+    #[error("{message}")]
+    Forbidden { message: String, code: &'static str },
+    /// No agent of the swarm has this name.
+    #[error("No agent named `{0}`.")]
+    AgentNotFound(String),
+    /// The request contradicts what the server holds (a name taken, an agent the swarm needs).
+    #[error("{message}")]
+    Conflict { message: String, code: &'static str },
     /// The caller is over its requests or tokens per minute.
     #[error("{message}")]
     RateLimited {
@@ -123,7 +135,11 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
-            Self::ModelNotFound(_) | Self::UnknownRoute { .. } => StatusCode::NOT_FOUND,
+            Self::ModelNotFound(_) | Self::AgentNotFound(_) | Self::UnknownRoute { .. } => {
+                StatusCode::NOT_FOUND
+            }
+            Self::Forbidden { .. } => StatusCode::FORBIDDEN,
+            Self::Conflict { .. } => StatusCode::CONFLICT,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::MissingApiKey | Self::InvalidApiKey => StatusCode::UNAUTHORIZED,
@@ -139,6 +155,9 @@ impl ApiError {
         let (kind, code) = match self {
             Self::InvalidRequest { .. } => ("invalid_request_error", None),
             Self::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
+            Self::AgentNotFound(_) => ("invalid_request_error", Some("agent_not_found")),
+            Self::Forbidden { code, .. } => ("permission_error", Some(*code)),
+            Self::Conflict { code, .. } => ("invalid_request_error", Some(*code)),
             Self::UnknownRoute { .. } => ("invalid_request_error", Some("unknown_url")),
             Self::MethodNotAllowed { .. } => ("invalid_request_error", Some("method_not_allowed")),
             Self::PayloadTooLarge => ("invalid_request_error", Some("request_too_large")),
@@ -154,6 +173,7 @@ impl ApiError {
         let param = match self {
             Self::InvalidRequest { param, .. } => param.clone(),
             Self::ModelNotFound(_) => Some("model".into()),
+            Self::AgentNotFound(_) => Some("name".into()),
             _ => None,
         };
         let message = match self {
@@ -173,9 +193,11 @@ impl ApiError {
         let reason = match self {
             Self::InvalidRequest { .. }
             | Self::ModelNotFound(_)
+            | Self::AgentNotFound(_)
+            | Self::Conflict { .. }
             | Self::UnknownRoute { .. }
             | Self::MethodNotAllowed { .. } => "invalid",
-            Self::MissingApiKey | Self::InvalidApiKey => "auth",
+            Self::MissingApiKey | Self::InvalidApiKey | Self::Forbidden { .. } => "auth",
             Self::PayloadTooLarge => "body_too_large",
             Self::RateLimited { .. } => "rate_limit",
             Self::Overloaded(_) => "overloaded",
@@ -225,11 +247,29 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// The swarm's errors: edits of the registry are the client's to fix (a field, a name, a rule
+/// of the swarm); anything else while serving is ours, the swarm having been checked at start.
 impl From<router::RouterError> for ApiError {
     fn from(e: router::RouterError) -> Self {
+        use router::RouterError as E;
+        let message = e.to_string();
         match e {
-            router::RouterError::Engine(e) => Self::from(e),
-            // The swarm was checked at start; any other failure while serving is ours.
+            E::Engine(e) => Self::from(e),
+            E::InvalidAgent { field, .. } => Self::invalid(field, message),
+            E::InvalidName { .. } => Self::invalid("name", message),
+            E::UnknownAgent(name) => Self::AgentNotFound(name.to_string()),
+            E::DuplicateAgent(_) => Self::Conflict {
+                message,
+                code: "agent_exists",
+            },
+            E::Protected { .. } => Self::Conflict {
+                message,
+                code: "agent_protected",
+            },
+            E::Invariant(_) => Self::Conflict {
+                message,
+                code: "swarm_invariant",
+            },
             other => Self::Internal(other.to_string()),
         }
     }

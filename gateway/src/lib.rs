@@ -99,10 +99,15 @@ pub async fn serve(
                 .prepare()
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot index the swarm's agents: {e}"))?;
+            let pinned = swarm
+                .pin_prompts()
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot pin the agents' system prompts: {e}"))?;
             tracing::info!(
                 swarm = %path.display(),
                 agents = swarm.registry().snapshot().agents().count(),
                 strategy = ?swarm.routing().strategy,
+                pinned_prompt_tokens = pinned,
                 "swarm loaded"
             );
             Some((swarm, verifier_prompt))

@@ -298,9 +298,11 @@ impl Admission {
     }
 }
 
-/// Whether a request is work for the engine, and so limited: `POST /v1/...`.
+/// Whether a request is work for the engine, and so limited: `POST /v1/...`, except the
+/// agent administration (an admin's edit, which must not wait behind the traffic it manages).
 fn is_work(request: &Request) -> bool {
-    request.method() == Method::POST && request.uri().path().starts_with("/v1/")
+    let path = request.uri().path();
+    request.method() == Method::POST && path.starts_with("/v1/") && path != "/v1/agents"
 }
 
 /// The layer: rate limit, then a slot in the admission queue, then the handler; the slot is

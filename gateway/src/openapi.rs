@@ -33,6 +33,10 @@ use crate::http;
         http::verify::verify,
         http::models::list,
         http::swarm::route,
+        http::agents::list,
+        http::agents::get,
+        http::agents::create,
+        http::agents::delete,
         http::health::health,
         http::health::ready,
         crate::metrics::scrape,
@@ -44,7 +48,7 @@ use crate::http;
         (name = "generation", description = "Text generation on the served model."),
         (name = "embeddings", description = "Sentence embeddings."),
         (name = "models", description = "What this server serves."),
-        (name = "swarm", description = "The agent swarm: routing, and verification of answers."),
+        (name = "swarm", description = "The agent swarm: its agents, routing, and verification of answers."),
         (name = "probes", description = "Liveness, readiness and metrics."),
     )
 )]
@@ -100,6 +104,35 @@ pub enum AuthErrors {
     /// No API key, or a wrong one.
     #[response(status = 401)]
     Unauthorized(ErrorResponse),
+}
+
+/// What the agent administration may fail with.
+#[derive(IntoResponses)]
+#[allow(dead_code)] // A description for the spec; responses are built by `ApiError`.
+pub enum AdminErrors {
+    /// The definition is invalid; `param` names the field at fault.
+    #[response(status = 400)]
+    BadRequest(ErrorResponse),
+    /// No API key, or a wrong one.
+    #[response(status = 401)]
+    Unauthorized(ErrorResponse),
+    /// Editing agents needs an admin key (`admin_key_required`), or is turned off
+    /// (`admin_disabled`).
+    #[response(status = 403)]
+    Forbidden(ErrorResponse),
+    /// No such agent (`agent_not_found`), or the server has no swarm (`model_not_found`).
+    #[response(status = 404)]
+    NotFound(ErrorResponse),
+    /// The name is taken (`agent_exists`), the agent is one the swarm needs
+    /// (`agent_protected`), or the swarm would break a rule (`swarm_invariant`).
+    #[response(status = 409)]
+    Conflict(ErrorResponse),
+    /// The body is larger than the server accepts.
+    #[response(status = 413)]
+    TooLarge(ErrorResponse),
+    /// A fault on the server's side.
+    #[response(status = 500)]
+    Internal(ErrorResponse),
 }
 
 /// The spec as pretty JSON with a final newline: what `openapi/openapi.json` holds.

@@ -74,6 +74,7 @@ impl Default for ModelId {
 
 /// What part an agent plays in the swarm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum AgentKind {
     /// Answers the requests routed to it for its domain.
@@ -113,6 +114,7 @@ impl std::fmt::Display for AgentKind {
 /// here falls back to the engine's default. Ranges follow the OpenAI API, so whatever an agent
 /// sets, a request could have set too.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct SamplingDefaults {
     /// 0 to 2; 0 is greedy.
@@ -220,6 +222,7 @@ impl SamplingDefaults {
 
 /// What to do with an answer that fails its checks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum OnFailure {
     /// Generate again, up to `max_retries` times, then release the last answer marked.
@@ -233,6 +236,7 @@ pub enum OnFailure {
 
 /// How a streamed answer meets verification.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum StreamMode {
     /// Hold the stream until the answer has passed: the client never sees a rejected answer,
@@ -247,6 +251,7 @@ pub enum StreamMode {
 /// The checks run on an answer. The first three are cheap and on by default; `judge` asks the
 /// verifier agent and costs a generation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct VerifierChecks {
     /// The answer has visible text.
@@ -285,6 +290,7 @@ impl Default for VerifierChecks {
 
 /// How an agent's answers are verified before they reach the user.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct VerifierPolicy {
     pub enabled: bool,
@@ -351,6 +357,7 @@ impl VerifierPolicy {
 
 /// One agent of the swarm, as written in the swarm file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AgentSpec {
     pub name: AgentId,

@@ -25,6 +25,7 @@ macro_rules! validated_name {
             Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
         )]
         #[serde(try_from = "String", into = "String")]
+        #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
         pub struct $name(String);
 
         impl $name {

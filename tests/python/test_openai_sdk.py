@@ -217,9 +217,13 @@ def test_embeddings_match_sentence_transformers(client):
 # Models
 
 
-def test_models_list_names_the_served_model(client):
+def test_models_list_names_the_served_model_and_the_swarm(client):
     ids = [model.id for model in client.models.list()]
     assert MODEL in ids
+    # The swarm and every agent that answers users are models too; system agents are not.
+    for agent in ["swarm", "coder", "math", "writer", "support", "analyst", "general"]:
+        assert agent in ids
+    assert "router" not in ids and "verifier" not in ids
 
 
 # Swarm

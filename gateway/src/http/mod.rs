@@ -3,6 +3,7 @@
 //! Handlers stay thin: extract, validate, call the engine, shape the answer. They return
 //! [`ApiError`] for every failure and never build an error response themselves.
 
+pub mod agents;
 pub mod chat;
 pub mod choices;
 pub mod completions;

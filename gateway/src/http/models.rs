@@ -1,10 +1,13 @@
-//! `GET /v1/models`: the ids this server answers to, as OpenAI lists them.
+//! `GET /v1/models`: the ids this server answers to, as OpenAI lists them: the served model, the
+//! embedding model, and with a swarm, `swarm` and every agent that answers users (system agents
+//! are internal: they never take a request themselves).
 
 use axum::extract::State;
 use axum::Json;
 
 use crate::api::models::{Model, ModelList};
 use crate::app::AppState;
+use crate::http::swarm::SWARM_MODEL;
 use crate::openapi::AuthErrors;
 
 /// Lists the models this server answers to.
@@ -15,16 +18,27 @@ use crate::openapi::AuthErrors;
     ),
     security(("api_key" = [])))]
 pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
-    let model = |id: &str| Model {
-        id: id.to_owned(),
+    let model = |id: String| Model {
+        id,
         object: "model",
         created: state.started(),
         owned_by: "swarmgate".into(),
     };
-    let data = std::iter::once(state.model_id())
+    let mut ids: Vec<String> = std::iter::once(state.model_id())
         .chain(state.embedding_model_id())
-        .map(model)
+        .map(str::to_owned)
         .collect();
+    if let Some(swarm) = state.swarm() {
+        ids.push(SWARM_MODEL.into());
+        let registry = swarm.registry().snapshot();
+        ids.extend(
+            registry
+                .agents()
+                .filter(|agent| !agent.kind.is_system())
+                .map(|agent| agent.name.to_string()),
+        );
+    }
+    let data = ids.into_iter().map(model).collect();
     Json(ModelList {
         object: "list",
         data,

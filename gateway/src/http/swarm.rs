@@ -17,8 +17,8 @@ use axum::Json;
 use engine::{ChatMessage, Embedder, EngineHandle, ModelInfo};
 use router::route::embedding::DEFAULT_METHOD;
 use router::{
-    AgentSpec, EmbeddingRouter, LlmRouter, Registry, Route, RoutingConfig, RoutingStrategy,
-    SharedRegistry, SwarmConfig,
+    AgentId, AgentSpec, EmbeddingRouter, LlmRouter, Registry, Route, RoutingConfig,
+    RoutingStrategy, SharedRegistry, SwarmConfig,
 };
 
 use crate::api::swarm::{RouteRequest, RouteResponse};
@@ -26,6 +26,7 @@ use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::json::ApiJson;
 use crate::openapi::GenerationErrors;
+use crate::swarm::pins::Pins;
 use crate::validate::swarm::{validate_route, ValidRouteRequest};
 
 /// The model name that asks the swarm to choose the agent.
@@ -46,6 +47,9 @@ struct Inner {
     /// Absent when the server runs without an embedding model.
     embedding: Option<Arc<EmbeddingRouter>>,
     llm: LlmRouter,
+    pins: Pins,
+    /// The served model's id: what an agent's `model` must name, unless it says `default`.
+    model_id: String,
 }
 
 impl Swarm {
@@ -63,6 +67,8 @@ impl Swarm {
                 routing: config.routing,
                 embedding: embedder
                     .map(|e| Arc::new(EmbeddingRouter::new(e, margin, DEFAULT_METHOD))),
+                pins: Pins::new(engine.clone()),
+                model_id: engine.model().id.clone(),
                 llm: LlmRouter::new(engine, margin),
             }),
         })
@@ -81,9 +87,55 @@ impl Swarm {
         Ok(())
     }
 
-    /// The agents; edits take effect from the next request.
+    /// The agents; edits take effect from the next request. Edit them through
+    /// [`Swarm::add_agent`] and [`Swarm::remove_agent`], which keep the pins in step.
     pub fn registry(&self) -> &SharedRegistry {
         &self.inner.registry
+    }
+
+    /// Pins every answering agent's system prompt (see [`crate::swarm::pins`]) and waits until
+    /// they are warm; returns the tokens pinned.
+    pub async fn pin_prompts(&self) -> Result<usize, ApiError> {
+        let registry = self.inner.registry.snapshot();
+        let agents: Vec<&AgentSpec> = registry.agents().filter(|a| !a.kind.is_system()).collect();
+        Ok(self.inner.pins.pin(&agents).await?)
+    }
+
+    /// Tokens of `agent`'s pinned system prompt; 0 when it has none.
+    pub async fn pinned_tokens(&self, agent: &str) -> usize {
+        self.inner.pins.tokens(agent).await
+    }
+
+    /// Adds `agent` to the swarm, pins its system prompt and indexes it for routing; it answers
+    /// from the next request on.
+    pub async fn add_agent(&self, agent: AgentSpec) -> Result<(), ApiError> {
+        if !agent.model.is_default() && agent.model.as_str() != self.inner.model_id {
+            return Err(ApiError::invalid(
+                "model",
+                format!(
+                    "agent `{}` runs on model `{}`, which this server does not serve (it serves \
+                     `{}`; `default` names it too)",
+                    agent.name, agent.model, self.inner.model_id
+                ),
+            ));
+        }
+        self.inner
+            .registry
+            .update(|registry| registry.add(agent.clone()))?;
+        if !agent.kind.is_system() {
+            self.inner.pins.pin(&[&agent]).await?;
+        }
+        self.prepare().await
+    }
+
+    /// Removes the specialist `name` and releases its pin.
+    pub async fn remove_agent(&self, name: &AgentId) -> Result<AgentSpec, ApiError> {
+        let agent = self
+            .inner
+            .registry
+            .update(|registry| registry.remove(name))?;
+        self.inner.pins.unpin(name.as_str()).await;
+        Ok(agent)
     }
 
     /// Whether a chat request for `model` is the swarm's to answer: [`SWARM_MODEL`],

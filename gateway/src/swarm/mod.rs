@@ -29,6 +29,7 @@
 //! hops ([`respond`]).
 
 mod consensus;
+pub mod pins;
 mod respond;
 
 use axum::response::Response;

@@ -1,0 +1,124 @@
+//! `/v1/agents`: the swarm's agents, listed and described to any caller, added and removed at
+//! run time by an admin ([`crate::auth`]).
+//!
+//! An added agent answers (as `model: "<name>"`, and through routing) from the next request on:
+//! the registry publishes a new snapshot, its system prompt is pinned and pre-warmed, and the
+//! routing index embeds its description and examples before the `201` goes out. A removed
+//! agent's pin is released. The registry's rules decide what may change (one general fallback,
+//! the system agents stay, names are unique); a refused edit changes nothing and says why:
+//! 400 naming the field, 409 `agent_exists`, `agent_protected` or `swarm_invariant`, 404
+//! `agent_not_found`.
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use router::{AgentId, AgentSpec};
+
+use crate::api::agents::{Agent, AgentList, DeletedAgent};
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::http::json::ApiJson;
+use crate::http::swarm::{Swarm, SWARM_MODEL};
+use crate::openapi::AdminErrors;
+
+/// Lists the swarm's agents.
+#[utoipa::path(get, path = "/v1/agents", tag = "swarm",
+    responses(
+        (status = 200, description = "Every agent, by name.", body = AgentList),
+        AdminErrors,
+    ),
+    security(("api_key" = [])))]
+pub async fn list(State(state): State<AppState>) -> Result<Json<AgentList>, ApiError> {
+    let swarm = swarm(&state)?;
+    let mut data = Vec::new();
+    for agent in swarm.registry().snapshot().agents() {
+        data.push(shown(swarm, agent.clone()).await);
+    }
+    Ok(Json(AgentList {
+        object: "list",
+        data,
+    }))
+}
+
+/// Describes one agent.
+#[utoipa::path(get, path = "/v1/agents/{name}", tag = "swarm",
+    params(("name" = String, Path, description = "The agent's name.")),
+    responses(
+        (status = 200, description = "The agent.", body = Agent),
+        AdminErrors,
+    ),
+    security(("api_key" = [])))]
+pub async fn get(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<Agent>, ApiError> {
+    let swarm = swarm(&state)?;
+    let agent = swarm
+        .registry()
+        .snapshot()
+        .get(&name)
+        .cloned()
+        .ok_or(ApiError::AgentNotFound(name))?;
+    Ok(Json(shown(swarm, agent).await))
+}
+
+/// Adds an agent (admin key).
+#[utoipa::path(post, path = "/v1/agents", tag = "swarm",
+    request_body = AgentSpec,
+    responses(
+        (status = 201, description = "The agent, now serving.", body = Agent),
+        AdminErrors,
+    ),
+    security(("api_key" = [])))]
+pub async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(agent): ApiJson<AgentSpec>,
+) -> Result<(StatusCode, Json<Agent>), ApiError> {
+    state.auth().admin(&headers)?;
+    let swarm = swarm(&state)?;
+    swarm.add_agent(agent.clone()).await?;
+    tracing::info!(agent = %agent.name, "agent added");
+    Ok((StatusCode::CREATED, Json(shown(swarm, agent).await)))
+}
+
+/// Removes a specialist (admin key); the general and system agents stay.
+#[utoipa::path(delete, path = "/v1/agents/{name}", tag = "swarm",
+    params(("name" = String, Path, description = "The agent's name.")),
+    responses(
+        (status = 200, description = "The agent is gone.", body = DeletedAgent),
+        AdminErrors,
+    ),
+    security(("api_key" = [])))]
+pub async fn delete(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Json<DeletedAgent>, ApiError> {
+    state.auth().admin(&headers)?;
+    let swarm = swarm(&state)?;
+    let id = AgentId::new(name.as_str()).map_err(|_| ApiError::AgentNotFound(name))?;
+    swarm.remove_agent(&id).await?;
+    tracing::info!(agent = %id, "agent removed");
+    Ok(Json(DeletedAgent {
+        id: id.to_string(),
+        object: "agent",
+        deleted: true,
+    }))
+}
+
+/// The swarm, or the 404 of a server that has none.
+fn swarm(state: &AppState) -> Result<&Swarm, ApiError> {
+    state
+        .swarm()
+        .ok_or_else(|| ApiError::ModelNotFound(SWARM_MODEL.into()))
+}
+
+async fn shown(swarm: &Swarm, definition: AgentSpec) -> Agent {
+    Agent {
+        id: definition.name.to_string(),
+        object: "agent",
+        pinned_prompt_tokens: swarm.pinned_tokens(definition.name.as_str()).await,
+        definition,
+    }
+}

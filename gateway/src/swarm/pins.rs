@@ -1,0 +1,104 @@
+//! Agents' system prompts kept warm: every answering agent's [`system_prefix`] is prefilled once
+//! and its full KV blocks pinned on the device, so that each of the agent's requests starts
+//! with a prefix-cache hit, however much other traffic went through the cache meanwhile.
+//!
+//! Pins are taken when the swarm is loaded and when an agent is added, and released when it is
+//! removed. Agents with the same system prompt share its blocks (the cache keys blocks by
+//! content), so pinning one prompt twice costs nothing more.
+//!
+//! Invariant: the pinned prefixes together never take more than [`SHARE_DENOMINATOR`]⁻¹ of the
+//! device's KV capacity, so that pins can never starve the requests they are meant to speed up;
+//! an agent whose prompt does not fit in what is left stays unpinned (and is logged), and serves
+//! as any other request would, from whatever the cache holds.
+
+use std::collections::BTreeMap;
+
+use engine::{EngineHandle, PrefixPin, Prompt};
+use router::{AgentId, AgentSpec};
+use tokio::sync::Mutex;
+
+use crate::http::swarm::system_prefix;
+
+/// Pins may take at most 1/`SHARE_DENOMINATOR` of the device KV capacity.
+pub const SHARE_DENOMINATOR: usize = 2;
+
+/// The pinned prefix of each agent that has one. Pinning is serialized (one lock, held while
+/// the prefills run), so the share is never overcommitted by two edits at once.
+pub struct Pins {
+    engine: EngineHandle,
+    pinned: Mutex<BTreeMap<AgentId, PrefixPin>>,
+}
+
+impl Pins {
+    pub fn new(engine: EngineHandle) -> Self {
+        Self {
+            engine,
+            pinned: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Pins each of `agents`' system prompts, replacing earlier pins of the same names, and
+    /// waits until they are prefilled (together, in shared engine steps) and pinned. Returns
+    /// the tokens pinned. An agent without a system prompt, or whose prompt does not fit in the
+    /// share left (see the module header), stays unpinned.
+    pub async fn pin(&self, agents: &[&AgentSpec]) -> engine::Result<usize> {
+        let model = self.engine.model();
+        let share = model.kv_capacity_tokens / SHARE_DENOMINATOR;
+        let mut pinned = self.pinned.lock().await;
+        let mut warming = Vec::new();
+        for agent in agents {
+            pinned.remove(&agent.name);
+            let Some(prefix) = system_prefix(model, agent) else {
+                continue;
+            };
+            let prefix = prefix?;
+            let tokens = model
+                .tokenizer
+                .encode(prefix.as_str(), false)
+                .map_err(|e| engine::EngineError::Tokenizer(e.to_string()))?
+                .len();
+            let taken: usize = pinned
+                .values()
+                .chain(warming.iter().map(|(_, pin)| pin))
+                .map(PrefixPin::tokens)
+                .sum();
+            if taken + tokens > share {
+                tracing::warn!(
+                    agent = %agent.name,
+                    tokens,
+                    taken,
+                    share,
+                    "system prompt not pinned: the pinned share of the KV cache is full"
+                );
+                continue;
+            }
+            let pin = self.engine.pin_prefix(&Prompt::Text(prefix))?;
+            warming.push((agent.name.clone(), pin));
+        }
+        let mut total = 0;
+        for (name, mut pin) in warming {
+            if pin.pinned().await == 0 {
+                // Shorter than a block, or its prefill failed: nothing is kept warm.
+                tracing::warn!(agent = %name, "system prompt not pinned");
+                continue;
+            }
+            total += pin.tokens();
+            pinned.insert(name, pin);
+        }
+        Ok(total)
+    }
+
+    /// Releases `agent`'s pin, if it has one.
+    pub async fn unpin(&self, agent: &str) {
+        self.pinned.lock().await.remove(agent);
+    }
+
+    /// Tokens of `agent`'s pinned prefix (only its full blocks are pinned); 0 when it has none.
+    pub async fn tokens(&self, agent: &str) -> usize {
+        self.pinned
+            .lock()
+            .await
+            .get(agent)
+            .map_or(0, PrefixPin::tokens)
+    }
+}

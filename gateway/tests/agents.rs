@@ -1,0 +1,411 @@
+//! `/v1/agents` end to end, in process through `app()` on the real models: agents listed and
+//! described, in `/v1/models`; edits guarded by admin keys; an agent added at run time is
+//! pinned (the engine's pinned-block gauge grows by its prompt's full blocks), routed to, and
+//! answers from its pinned prefix; removed, it is gone from routing and its blocks unpinned;
+//! refused edits say why and change nothing.
+
+mod support;
+
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use engine::{Embedder, EmbedderConfig};
+use engine::{EngineConfig, EngineHandle};
+use gateway::http::swarm::Swarm;
+use gateway::{app, AppState, ServeConfig};
+use router::SwarmConfig;
+use serde_json::{json, Value};
+use support::{models, root, MODEL_ID};
+use tower::ServiceExt;
+
+const USER_KEY: &str = "sk-user";
+const ADMIN_KEY: &str = "sk-admin";
+/// The engine's KV block size (its default).
+const BLOCK: u64 = 16;
+
+/// This binary's engine: a KV cache of the size a server would have, so that every agent's
+/// prompt fits in the pinned share.
+fn engine() -> &'static EngineHandle {
+    static ENGINE: LazyLock<EngineHandle> = LazyLock::new(|| {
+        EngineHandle::start(&EngineConfig {
+            model: models().join(format!("{MODEL_ID}.gguf")),
+            kv_cache_mb: 512,
+            ..EngineConfig::default()
+        })
+        .expect("the engine starts (run `make models`)")
+    });
+    &ENGINE
+}
+
+/// A swarm of its own per test (the shipped `swarm.toml`, prompts pinned), sharing one embedder.
+async fn swarm() -> Swarm {
+    static EMBEDDER: LazyLock<Arc<Embedder>> = LazyLock::new(|| {
+        Arc::new(
+            Embedder::load(&EmbedderConfig {
+                model: root().join("models/all-MiniLM-L6-v2"),
+                threads: Some(1),
+            })
+            .expect("the embedder loads (run `make models`)"),
+        )
+    });
+    let config = SwarmConfig::load(&root().join("swarm.toml")).unwrap();
+    let swarm = Swarm::new(config, engine().clone(), Some(EMBEDDER.clone())).unwrap();
+    swarm.prepare().await.unwrap();
+    swarm.pin_prompts().await.unwrap();
+    swarm
+}
+
+/// A server with a user key and an admin key, or with neither when `keys` is false.
+async fn server(keys: bool) -> AppState {
+    let mut config = ServeConfig::default();
+    if keys {
+        config.api_keys = vec![USER_KEY.parse().unwrap()];
+        config.admin_keys = vec![ADMIN_KEY.parse().unwrap()];
+    }
+    AppState::configured(engine().clone(), &config).with_swarm(swarm().await)
+}
+
+async fn call(
+    state: &AppState,
+    method: Method,
+    path: &str,
+    key: Option<&str>,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut request = Request::builder().method(method).uri(path);
+    if let Some(key) = key {
+        request = request.header(header::AUTHORIZATION, format!("Bearer {key}"));
+    }
+    let request = match body {
+        Some(body) => request
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_string())),
+        None => request.body(Body::empty()),
+    }
+    .unwrap();
+    let response = app(state.clone()).oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+/// The error envelope's code and param, asserting the status.
+fn refusal(answer: (StatusCode, Value), status: StatusCode) -> (String, Value) {
+    assert_eq!(answer.0, status, "{}", answer.1);
+    let error = &answer.1["error"];
+    (
+        error["code"].as_str().unwrap_or("").to_owned(),
+        error["param"].clone(),
+    )
+}
+
+fn gardener() -> Value {
+    json!({
+        "name": "gardener",
+        "description": "Gardening help: growing vegetables, flowers and trees, watering, soil, \
+            compost, pruning, pests and plant diseases.",
+        "routing_examples": [
+            "When should I plant garlic bulbs for next summer?",
+            "My rose leaves have black spots, what should I spray?",
+            "How do I start a compost heap in a small backyard?",
+            "Which vegetables grow well in a shady balcony planter?"
+        ],
+        "system_prompt": "You are Fern, a patient gardening expert. Give practical, seasonal \
+            advice for home gardeners: what to plant, when and how to water, how to improve \
+            soil, and how to deal with pests organically. Ask for the climate zone when the \
+            answer depends on it, and keep answers short and concrete.",
+        "sampling": {"temperature": 0.3, "max_tokens": 200},
+        "priority": 1
+    })
+}
+
+async fn pinned_blocks() -> u64 {
+    engine().stats().kv().gauges.device_pinned as u64
+}
+
+/// Waits (at most 10 s) until the engine's pinned-block gauge reads `want`.
+async fn wait_for_pinned(want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pinned_blocks().await != want {
+        assert!(
+            Instant::now() < deadline,
+            "pinned blocks: {} (want {want})",
+            pinned_blocks().await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn routed(state: &AppState, text: &str) -> String {
+    let body = json!({"messages": [{"role": "user", "content": text}]});
+    let (status, route) = call(
+        state,
+        Method::POST,
+        "/v1/swarm/route",
+        Some(USER_KEY),
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{route}");
+    route["agent"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn agents_are_listed_described_and_served_as_models() {
+    let state = server(false).await;
+    let (status, list) = call(&state, Method::GET, "/v1/agents", None, None).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let names: Vec<&str> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["analyst", "coder", "general", "math", "router", "support", "verifier", "writer"]
+    );
+
+    let (status, coder) = call(&state, Method::GET, "/v1/agents/coder", None, None).await;
+    assert_eq!(status, StatusCode::OK, "{coder}");
+    assert_eq!(coder["object"], "agent");
+    assert_eq!(coder["definition"]["name"], "coder");
+    assert_eq!(coder["definition"]["kind"], "specialist");
+    assert!(
+        coder["definition"]["routing_examples"]
+            .as_array()
+            .unwrap()
+            .len()
+            >= 3
+    );
+    assert!(!coder["definition"]["system_prompt"]
+        .as_str()
+        .unwrap()
+        .is_empty());
+    assert!(
+        coder["pinned_prompt_tokens"].as_u64().unwrap() > 0,
+        "{coder}"
+    );
+    let (_, router) = call(&state, Method::GET, "/v1/agents/router", None, None).await;
+    assert_eq!(
+        router["pinned_prompt_tokens"], 0,
+        "system agents answer no user"
+    );
+
+    let (code, param) = refusal(
+        call(&state, Method::GET, "/v1/agents/poet", None, None).await,
+        StatusCode::NOT_FOUND,
+    );
+    assert_eq!((code.as_str(), param), ("agent_not_found", json!("name")));
+
+    let (status, models) = call(&state, Method::GET, "/v1/models", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    for id in [
+        "swarm", "coder", "math", "writer", "support", "analyst", "general",
+    ] {
+        assert!(ids.contains(&id), "{id} missing from {ids:?}");
+    }
+    assert!(
+        !ids.contains(&"router") && !ids.contains(&"verifier"),
+        "{ids:?}"
+    );
+}
+
+#[tokio::test]
+async fn edits_need_an_admin_key() {
+    let open = server(false).await;
+    let (code, _) = refusal(
+        call(&open, Method::POST, "/v1/agents", None, Some(gardener())).await,
+        StatusCode::FORBIDDEN,
+    );
+    assert_eq!(code, "admin_disabled");
+
+    let state = server(true).await;
+    for key in [None, Some("sk-wrong")] {
+        refusal(
+            call(&state, Method::POST, "/v1/agents", key, Some(gardener())).await,
+            StatusCode::UNAUTHORIZED,
+        );
+    }
+    let (code, _) = refusal(
+        call(
+            &state,
+            Method::POST,
+            "/v1/agents",
+            Some(USER_KEY),
+            Some(gardener()),
+        )
+        .await,
+        StatusCode::FORBIDDEN,
+    );
+    assert_eq!(code, "admin_key_required");
+    let (code, _) = refusal(
+        call(
+            &state,
+            Method::DELETE,
+            "/v1/agents/coder",
+            Some(USER_KEY),
+            None,
+        )
+        .await,
+        StatusCode::FORBIDDEN,
+    );
+    assert_eq!(code, "admin_key_required");
+    // A user key still reads, and nothing changed.
+    let (status, list) = call(&state, Method::GET, "/v1/agents", Some(USER_KEY), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["data"].as_array().unwrap().len(), 8);
+}
+
+#[tokio::test]
+async fn an_added_agent_is_pinned_routed_to_and_removed() {
+    let state = server(true).await;
+    let admin = Some(ADMIN_KEY);
+    let question = "How often should I water tomato plants in a hot summer, and should I mulch?";
+    assert_ne!(routed(&state, question).await, "gardener");
+    let before = pinned_blocks().await;
+
+    // Refused edits name what is wrong and change nothing.
+    let mut two_examples = gardener();
+    two_examples["routing_examples"] = json!(["Prune roses?", "Water ferns?"]);
+    let mut elsewhere = gardener();
+    elsewhere["model"] = json!("llama-70b");
+    let mut unknown_field = gardener();
+    unknown_field["colour"] = json!("green");
+    for (body, param) in [
+        (two_examples, "routing_examples"),
+        (elsewhere, "model"),
+        (json!({"name": "Not A Name!"}), "name"),
+    ] {
+        let (_, at) = refusal(
+            call(&state, Method::POST, "/v1/agents", admin, Some(body)).await,
+            StatusCode::BAD_REQUEST,
+        );
+        assert_eq!(at, json!(param));
+    }
+    refusal(
+        call(
+            &state,
+            Method::POST,
+            "/v1/agents",
+            admin,
+            Some(unknown_field),
+        )
+        .await,
+        StatusCode::BAD_REQUEST,
+    );
+    let (code, _) = refusal(
+        call(
+            &state,
+            Method::POST,
+            "/v1/agents",
+            admin,
+            Some(json!({"name": "coder", "description": "x", "routing_examples": ["a", "b", "c"]})),
+        )
+        .await,
+        StatusCode::CONFLICT,
+    );
+    assert_eq!(code, "agent_exists");
+    let (code, _) = refusal(
+        call(
+            &state,
+            Method::POST,
+            "/v1/agents",
+            admin,
+            Some(json!({"name": "fallback", "kind": "general"})),
+        )
+        .await,
+        StatusCode::CONFLICT,
+    );
+    assert_eq!(code, "swarm_invariant");
+    for (name, code) in [
+        ("general", "agent_protected"),
+        ("router", "agent_protected"),
+        ("poet", "agent_not_found"),
+    ] {
+        let status = if code == "agent_not_found" {
+            StatusCode::NOT_FOUND
+        } else {
+            StatusCode::CONFLICT
+        };
+        let (got, _) = refusal(
+            call(
+                &state,
+                Method::DELETE,
+                &format!("/v1/agents/{name}"),
+                admin,
+                None,
+            )
+            .await,
+            status,
+        );
+        assert_eq!(got, code);
+    }
+
+    // Added: described, pinned, routed to, listed, and answering from its pinned prefix.
+    let (status, added) = call(&state, Method::POST, "/v1/agents", admin, Some(gardener())).await;
+    assert_eq!(status, StatusCode::CREATED, "{added}");
+    assert_eq!(added["id"], "gardener");
+    assert_eq!(added["definition"]["model"], "default");
+    let temperature = added["definition"]["sampling"]["temperature"]
+        .as_f64()
+        .unwrap();
+    assert!((temperature - 0.3).abs() < 1e-6, "{added}");
+    let pinned_tokens = added["pinned_prompt_tokens"].as_u64().unwrap();
+    assert!(pinned_tokens > BLOCK, "{added}");
+    wait_for_pinned(before + pinned_tokens / BLOCK).await;
+    assert_eq!(routed(&state, question).await, "gardener");
+    let (_, models) = call(&state, Method::GET, "/v1/models", admin, None).await;
+    assert!(models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["id"] == "gardener"));
+
+    let body = json!({
+        "model": "gardener",
+        "messages": [{"role": "user", "content": "When do I sow carrots?"}],
+        "max_tokens": 8,
+    });
+    let (status, answer) = call(
+        &state,
+        Method::POST,
+        "/v1/chat/completions",
+        admin,
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["swarm"]["agent"], "gardener");
+    let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached >= pinned_tokens / BLOCK * BLOCK,
+        "cached {cached} of {answer}"
+    );
+
+    // Removed: gone from the registry, from routing, and its blocks unpinned.
+    let (status, deleted) = call(&state, Method::DELETE, "/v1/agents/gardener", admin, None).await;
+    assert_eq!(status, StatusCode::OK, "{deleted}");
+    assert_eq!(
+        deleted,
+        json!({"id": "gardener", "object": "agent", "deleted": true})
+    );
+    wait_for_pinned(before).await;
+    refusal(
+        call(&state, Method::GET, "/v1/agents/gardener", admin, None).await,
+        StatusCode::NOT_FOUND,
+    );
+    assert_ne!(routed(&state, question).await, "gardener");
+}

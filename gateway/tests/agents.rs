@@ -93,6 +93,14 @@ async fn call(
     (status, serde_json::from_slice(&bytes).unwrap())
 }
 
+async fn post(state: &AppState, key: Option<&str>, agent: Value) -> (StatusCode, Value) {
+    call(state, Method::POST, "/v1/agents", key, Some(agent)).await
+}
+
+async fn delete(state: &AppState, key: Option<&str>, path: &str) -> (StatusCode, Value) {
+    call(state, Method::DELETE, path, key, None).await
+}
+
 /// The error envelope's code and param, asserting the status.
 fn refusal(answer: (StatusCode, Value), status: StatusCode) -> (String, Value) {
     assert_eq!(answer.0, status, "{}", answer.1);
@@ -224,40 +232,23 @@ async fn agents_are_listed_described_and_served_as_models() {
 #[tokio::test]
 async fn edits_need_an_admin_key() {
     let open = server(false).await;
-    let (code, _) = refusal(
-        call(&open, Method::POST, "/v1/agents", None, Some(gardener())).await,
-        StatusCode::FORBIDDEN,
-    );
+    let (code, _) = refusal(post(&open, None, gardener()).await, StatusCode::FORBIDDEN);
     assert_eq!(code, "admin_disabled");
 
     let state = server(true).await;
     for key in [None, Some("sk-wrong")] {
         refusal(
-            call(&state, Method::POST, "/v1/agents", key, Some(gardener())).await,
+            post(&state, key, gardener()).await,
             StatusCode::UNAUTHORIZED,
         );
     }
     let (code, _) = refusal(
-        call(
-            &state,
-            Method::POST,
-            "/v1/agents",
-            Some(USER_KEY),
-            Some(gardener()),
-        )
-        .await,
+        post(&state, Some(USER_KEY), gardener()).await,
         StatusCode::FORBIDDEN,
     );
     assert_eq!(code, "admin_key_required");
     let (code, _) = refusal(
-        call(
-            &state,
-            Method::DELETE,
-            "/v1/agents/coder",
-            Some(USER_KEY),
-            None,
-        )
-        .await,
+        delete(&state, Some(USER_KEY), "/v1/agents/coder").await,
         StatusCode::FORBIDDEN,
     );
     assert_eq!(code, "admin_key_required");
@@ -287,42 +278,28 @@ async fn an_added_agent_is_pinned_routed_to_and_removed() {
         (elsewhere, "model"),
         (json!({"name": "Not A Name!"}), "name"),
     ] {
-        let (_, at) = refusal(
-            call(&state, Method::POST, "/v1/agents", admin, Some(body)).await,
-            StatusCode::BAD_REQUEST,
-        );
+        let (_, at) = refusal(post(&state, admin, body).await, StatusCode::BAD_REQUEST);
         assert_eq!(at, json!(param));
     }
     refusal(
-        call(
-            &state,
-            Method::POST,
-            "/v1/agents",
-            admin,
-            Some(unknown_field),
-        )
-        .await,
+        post(&state, admin, unknown_field).await,
         StatusCode::BAD_REQUEST,
     );
     let (code, _) = refusal(
-        call(
+        post(
             &state,
-            Method::POST,
-            "/v1/agents",
             admin,
-            Some(json!({"name": "coder", "description": "x", "routing_examples": ["a", "b", "c"]})),
+            json!({"name": "coder", "description": "x", "routing_examples": ["a", "b", "c"]}),
         )
         .await,
         StatusCode::CONFLICT,
     );
     assert_eq!(code, "agent_exists");
     let (code, _) = refusal(
-        call(
+        post(
             &state,
-            Method::POST,
-            "/v1/agents",
             admin,
-            Some(json!({"name": "fallback", "kind": "general"})),
+            json!({"name": "fallback", "kind": "general"}),
         )
         .await,
         StatusCode::CONFLICT,
@@ -339,21 +316,14 @@ async fn an_added_agent_is_pinned_routed_to_and_removed() {
             StatusCode::CONFLICT
         };
         let (got, _) = refusal(
-            call(
-                &state,
-                Method::DELETE,
-                &format!("/v1/agents/{name}"),
-                admin,
-                None,
-            )
-            .await,
+            delete(&state, admin, &format!("/v1/agents/{name}")).await,
             status,
         );
         assert_eq!(got, code);
     }
 
     // Added: described, pinned, routed to, listed, and answering from its pinned prefix.
-    let (status, added) = call(&state, Method::POST, "/v1/agents", admin, Some(gardener())).await;
+    let (status, added) = post(&state, admin, gardener()).await;
     assert_eq!(status, StatusCode::CREATED, "{added}");
     assert_eq!(added["id"], "gardener");
     assert_eq!(added["definition"]["model"], "default");
@@ -396,7 +366,7 @@ async fn an_added_agent_is_pinned_routed_to_and_removed() {
     );
 
     // Removed: gone from the registry, from routing, and its blocks unpinned.
-    let (status, deleted) = call(&state, Method::DELETE, "/v1/agents/gardener", admin, None).await;
+    let (status, deleted) = delete(&state, admin, "/v1/agents/gardener").await;
     assert_eq!(status, StatusCode::OK, "{deleted}");
     assert_eq!(
         deleted,

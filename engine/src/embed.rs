@@ -4,12 +4,12 @@
 //! [`Embedder::embed`] blocks its caller until every input is embedded; the caller decides where
 //! to block (the gateway does it on tokio's blocking threads, one request at a time). Inputs are
 //! sorted by length and run in forward passes of at most [`MAX_BATCH`] sequences, as
-//! sentence-transformers' `encode` does: a short input is then padded to a neighbour's length
-//! rather than to the longest of the request, and one pass's attention scores stay small
-//! (32 sequences × 12 heads × 256² f32 = 100 MiB at worst).
+//! sentence-transformers' `encode` does. A pass concatenates its sequences without padding, so
+//! the cap bounds its buffers (32 × 256 tokens × the 1536-wide feed-forward in f32 = 50 MiB at
+//! worst), not wasted work.
 //!
-//! Invariant: results come back in input order, whatever order they were computed in; since
-//! padding does not change an embedding, neither does the batching.
+//! Invariant: results come back in input order, whatever order they were computed in; since an
+//! embedding does not depend on the other inputs of its pass, neither does the batching.
 
 use std::path::PathBuf;
 

@@ -4,27 +4,25 @@
 //!
 //! A sentence embedding is computed exactly as sentence-transformers computes it for a mean-pooled
 //! model: word pieces with `[CLS]` and `[SEP]`, truncated to `max_seq_length` word pieces in all
-//! (the last ones are dropped, `[SEP]` is kept); BERT's encoder in f32 over a batch padded to its
-//! longest member, with an attention mask; the mean of the last hidden states over the tokens
-//! that are not padding (`[CLS]` and `[SEP]` included); L2 normalisation.
+//! (the last ones are dropped, `[SEP]` is kept); BERT's encoder in f32 ([`BertEncoder`], over
+//! the batch's sequences concatenated, each attending to itself only); the mean of the last
+//! hidden states over each sequence's tokens (`[CLS]` and `[SEP]` included); L2 normalisation.
 //!
 //! Invariants:
-//! - padding never changes a result: padded keys are masked out of attention and padded rows out
-//!   of the mean, so an input's embedding is the same alone or in any batch (up to float rounding
-//!   in the matrix products);
+//! - an input's embedding is the same alone or in any batch: sequences never see each other and
+//!   there is no padding to mask;
 //! - a directory whose pooling is not the mean is refused at load, never embedded the wrong way.
 //!
-//! Everything here is blocking CPU work on the calling thread; [`crate::embed`] decides on which
-//! threads it runs.
+//! Everything here is blocking CPU work on the calling thread (and, for large products, on the
+//! rayon pool it runs in); [`crate::embed`] decides on which threads it runs.
 
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config};
+use candle_transformers::models::bert::Config;
 use serde::Deserialize;
 use tokenizers::{Tokenizer, TruncationParams};
 
+use super::bert_encoder::BertEncoder;
 use crate::{EngineError, Result};
 
 /// `sentence_bert_config.json`: how many word pieces the encoder reads.
@@ -48,10 +46,8 @@ struct PoolingConfig {
 
 /// The encoder, its tokenizer, and what pooling needs to know.
 pub struct SentenceBert {
-    model: BertModel,
+    encoder: BertEncoder,
     tokenizer: Tokenizer,
-    pad_id: u32,
-    dimensions: usize,
     max_tokens: usize,
 }
 
@@ -90,7 +86,7 @@ impl SentenceBert {
             EngineError::Tokenizer(format!("{}: {e}", dir.join("tokenizer.json").display()))
         })?;
         // The file's own settings (truncation at 128, padding to a fixed 128) are not the ones
-        // sentence-transformers encodes with; batches are padded here, to their longest member.
+        // sentence-transformers encodes with, and the encoder needs no padding.
         tokenizer
             .with_truncation(Some(TruncationParams {
                 max_length: max_tokens,
@@ -106,20 +102,20 @@ impl SentenceBert {
                 weights.display()
             ))
         })?;
-        let vb = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &Device::Cpu)?;
-        let model = BertModel::load(vb, &config)?;
+        let encoder = BertEncoder::load(&bytes, &config).map_err(|e| match e {
+            EngineError::Model(m) => EngineError::Model(format!("{}: {m}", weights.display())),
+            other => other,
+        })?;
         Ok(Self {
-            model,
+            encoder,
             tokenizer,
-            pad_id: config.pad_token_id as u32,
-            dimensions: config.hidden_size,
             max_tokens,
         })
     }
 
     /// Length of every embedding.
     pub fn dimensions(&self) -> usize {
-        self.dimensions
+        self.encoder.hidden_size()
     }
 
     /// Word pieces an input is truncated to, `[CLS]` and `[SEP]` included.
@@ -139,31 +135,39 @@ impl SentenceBert {
 
     /// One embedding per sequence of `batch` (each from [`Self::tokenize`]), in one forward pass.
     pub fn embed(&self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
-        let Some(longest) = batch.iter().map(|s| s.len()).max() else {
-            return Ok(Vec::new());
-        };
-        let mut ids = Vec::with_capacity(batch.len() * longest);
-        let mut mask = Vec::with_capacity(batch.len() * longest);
-        for seq in batch {
-            let pad = longest - seq.len();
-            ids.extend_from_slice(seq);
-            ids.extend(std::iter::repeat_n(self.pad_id, pad));
-            mask.extend(std::iter::repeat_n(1f32, seq.len()));
-            mask.extend(std::iter::repeat_n(0f32, pad));
+        if let Some(empty) = batch.iter().position(|s| s.is_empty()) {
+            return Err(EngineError::InvalidRequest(format!(
+                "sequence {empty} of the batch has no tokens"
+            )));
         }
-        let shape = (batch.len(), longest);
-        let ids = Tensor::from_vec(ids, shape, &Device::Cpu)?;
-        let mask = Tensor::from_vec(mask, shape, &Device::Cpu)?;
-        let token_types = ids.zeros_like()?;
-        let hidden = self.model.forward(&ids, &token_types, Some(&mask))?;
-
-        // Mean over the real tokens. Every sequence holds at least `[CLS]` and `[SEP]`, so the
-        // count is never zero and sentence-transformers' clamp of it never applies.
-        let summed = hidden.broadcast_mul(&mask.unsqueeze(2)?)?.sum(1)?;
-        let mean = summed.broadcast_div(&mask.sum_keepdim(1)?)?;
-        // torch's `F.normalize`: divide by the norm, or by 1e-12 when it is smaller.
-        let norm = mean.sqr()?.sum_keepdim(1)?.sqrt()?.maximum(1e-12)?;
-        Ok(mean.broadcast_div(&norm)?.to_vec2::<f32>()?)
+        let tokens: Vec<u32> = batch.concat();
+        let mut seqs = Vec::with_capacity(batch.len());
+        let mut start = 0;
+        for seq in batch {
+            seqs.push(start..start + seq.len());
+            start += seq.len();
+        }
+        let hidden = self.encoder.forward(&tokens, &seqs)?;
+        let h = self.dimensions();
+        Ok(seqs
+            .iter()
+            .map(|seq| {
+                // The mean over the sequence's tokens, summed in order as torch sums the
+                // masked states.
+                let mut mean = vec![0f32; h];
+                for row in hidden[seq.start * h..seq.end * h].chunks_exact(h) {
+                    for (m, &v) in mean.iter_mut().zip(row) {
+                        *m += v;
+                    }
+                }
+                let count = seq.len() as f32;
+                mean.iter_mut().for_each(|m| *m /= count);
+                // torch's `F.normalize`: divide by the norm, or by 1e-12 when it is smaller.
+                let norm = mean.iter().map(|m| m * m).sum::<f32>().sqrt().max(1e-12);
+                mean.iter_mut().for_each(|m| *m /= norm);
+                mean
+            })
+            .collect())
     }
 }
 

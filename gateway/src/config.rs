@@ -73,6 +73,10 @@ pub struct ServeConfig {
     /// Serve `/metrics` without a key even when keys are configured.
     #[arg(long, env = "SWARMGATE_METRICS_PUBLIC", default_value_t = true, action = clap::ArgAction::Set)]
     pub metrics_public: bool,
+    /// Redis holding the rate-limit and budget buckets (`redis://host:port/db`), shared by every
+    /// gateway replica pointed at it; without one they live in this process.
+    #[arg(long, env = "SWARMGATE_REDIS")]
+    pub redis: Option<String>,
     /// Requests per minute per key (all traffic together when there are no keys); 0: no limit.
     #[arg(long, env = "SWARMGATE_RPM", default_value_t = 0)]
     pub rpm: u64,
@@ -124,6 +128,7 @@ impl Default for ServeConfig {
             api_keys: Vec::new(),
             admin_keys: Vec::new(),
             metrics_public: true,
+            redis: None,
             rpm: 0,
             tpm: 0,
             max_concurrent_requests: 256,
@@ -245,6 +250,10 @@ impl ServeConfig {
         }
         if self.max_body_bytes == 0 {
             return Err("--max-body-bytes must be positive".into());
+        }
+        if let Some(url) = &self.redis {
+            redis::Client::open(url.as_str())
+                .map_err(|e| format!("--redis must be a Redis URL (redis://host:port): {e}"))?;
         }
         if self.max_concurrent_requests == 0 {
             return Err("--max-concurrent-requests must be at least 1".into());

@@ -18,6 +18,7 @@
 //! | `RateLimited` | 429 + `Retry-After` | `rate_limit_error` | `rate_limit_exceeded` | `rate_limit` |
 //! | `Overloaded` | 503 + `Retry-After` | `server_error` | `overloaded` | `overloaded` |
 //! | `Unavailable` | 503 | `server_error` | `engine_unavailable` | — |
+//! | `StoreUnavailable` | 503 | `server_error` | `state_store_unavailable` | — |
 //! | `Timeout` | 504 | `server_error` | `timeout` | `timeout` |
 //! | `Generation` | 500 | `server_error` | — | — |
 //! | `Internal` | 500, generic message | `server_error` | — | — |
@@ -91,6 +92,9 @@ pub enum ApiError {
     /// The engine has stopped.
     #[error("The model is not available: the engine is not running.")]
     Unavailable,
+    /// The shared state store (Redis) does not answer; the detail stays in the logs.
+    #[error("The shared state store is not answering; please retry shortly.")]
+    StoreUnavailable(String),
     /// The request ran past its first-token or total deadline; its sequence is cancelled.
     #[error("{0}")]
     Timeout(&'static str),
@@ -144,7 +148,9 @@ impl ApiError {
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::MissingApiKey | Self::InvalidApiKey => StatusCode::UNAUTHORIZED,
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Self::Overloaded(_) | Self::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Overloaded(_) | Self::Unavailable | Self::StoreUnavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Generation(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -167,6 +173,7 @@ impl ApiError {
             Self::RateLimited { .. } => ("rate_limit_error", Some("rate_limit_exceeded")),
             Self::Overloaded(_) => ("server_error", Some("overloaded")),
             Self::Unavailable => ("server_error", Some("engine_unavailable")),
+            Self::StoreUnavailable(_) => ("server_error", Some("state_store_unavailable")),
             Self::Timeout(_) => ("server_error", Some("timeout")),
             Self::Generation(_) | Self::Internal(_) => ("server_error", None),
         };
@@ -202,7 +209,10 @@ impl ApiError {
             Self::RateLimited { .. } => "rate_limit",
             Self::Overloaded(_) => "overloaded",
             Self::Timeout(_) => "timeout",
-            Self::Unavailable | Self::Generation(_) | Self::Internal(_) => return None,
+            Self::Unavailable
+            | Self::StoreUnavailable(_)
+            | Self::Generation(_)
+            | Self::Internal(_) => return None,
         };
         Some(Rejection(reason))
     }
@@ -219,6 +229,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match &self {
             Self::Internal(detail) => tracing::error!(detail, "internal error"),
+            Self::StoreUnavailable(detail) => tracing::error!(detail, "state store unavailable"),
             Self::Generation(detail) => tracing::warn!(detail, "generation failed"),
             Self::Overloaded(detail) => tracing::warn!(detail, "overloaded"),
             Self::Timeout(detail) => tracing::warn!(detail, "timed out"),

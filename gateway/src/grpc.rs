@@ -325,7 +325,9 @@ impl From<ApiError> for Status {
             ApiError::PayloadTooLarge | ApiError::RateLimited { .. } => Code::ResourceExhausted,
             ApiError::Timeout(_) => Code::DeadlineExceeded,
             // UNAVAILABLE is the code gRPC clients retry, with backoff, by default.
-            ApiError::Overloaded(_) | ApiError::Unavailable => Code::Unavailable,
+            ApiError::Overloaded(_) | ApiError::Unavailable | ApiError::StoreUnavailable(_) => {
+                Code::Unavailable
+            }
             ApiError::Generation(_) | ApiError::Internal(_) => Code::Internal,
         };
         match &error {

@@ -46,7 +46,7 @@ use crate::auth::Caller;
 use crate::config::ServeConfig;
 use crate::deadline::{self, Deadlines, Timeouts};
 use crate::error::ApiError;
-use crate::state::{MemoryStore, Quota, StateStore, Take};
+use crate::state::{MemoryStore, Quota, RedisStore, StateStore, Take};
 
 /// The server's limits, shared by every request.
 pub struct Limits {
@@ -58,16 +58,25 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// The limits `config` sets, with buckets in this process's memory. `config` must have
-    /// passed [`ServeConfig::validate`].
+    /// The limits `config` sets, with buckets in Redis when `config` names one, else in this
+    /// process's memory. `config` must have passed [`ServeConfig::validate`].
     pub fn new(config: &ServeConfig) -> Self {
+        let store: Arc<dyn StateStore> = match &config.redis {
+            Some(url) => Arc::new(RedisStore::new(url).expect("validate() checked the URL")),
+            None => Arc::new(MemoryStore::new()),
+        };
         Self {
-            store: Arc::new(MemoryStore::new()),
+            store,
             rpm: Quota::per_minute(config.rpm),
             tpm: Quota::per_minute(config.tpm),
             queue: AdmissionQueue::new(config.max_concurrent_requests, config.max_queued_requests),
             timeouts: config.timeouts(),
         }
+    }
+
+    /// Whether the limits can be applied now (their store answers).
+    pub async fn ready(&self) -> Result<(), ApiError> {
+        self.store.ping().await
     }
 
     /// Takes one request from `caller`'s requests-per-minute bucket.

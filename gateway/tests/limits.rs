@@ -236,6 +236,66 @@ async fn a_key_over_its_requests_per_minute_gets_429_with_retry_after() {
     assert_eq!(status, StatusCode::OK, "probes are not rate limited");
 }
 
+/// The Redis `make test` starts (scripts/services.sh).
+const REDIS: &str = "redis://127.0.0.1:6379";
+
+#[tokio::test]
+async fn two_replicas_sharing_redis_share_a_key_s_limit() {
+    // A key of its own, so buckets left in Redis by earlier runs do not count.
+    let key = format!("sk-shared-{}", uuid::Uuid::new_v4());
+    let replica = || {
+        state(ServeConfig {
+            api_keys: vec![key.parse().unwrap()],
+            redis: Some(REDIS.into()),
+            rpm: 20,
+            ..ServeConfig::default()
+        })
+    };
+    let replicas = [replica(), replica()];
+    for replica in &replicas {
+        let (status, _, body) = call(replica, get("/ready", None)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let _engine = generating().await;
+    let mut answered = [0; 2];
+    let mut limited = 0;
+    // 40 requests, alternating replicas; the whole run takes far less than the 3 s the
+    // bucket needs to refill one request.
+    for i in 0..40 {
+        let (status, _, body) = call(
+            &replicas[i % 2],
+            post("/v1/chat/completions", Some(&key), &chat(1, false)),
+        )
+        .await;
+        match status {
+            StatusCode::OK => answered[i % 2] += 1,
+            StatusCode::TOO_MANY_REQUESTS => limited += 1,
+            other => panic!("{other}: {body}"),
+        }
+    }
+    assert_eq!(answered[0] + answered[1], 20, "answered per replica: {answered:?}");
+    assert_eq!(answered, [10, 10], "the first 20 pass, whichever replica takes them");
+    assert_eq!(limited, 20);
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_is_a_clear_503_and_the_server_stays_up() {
+    // Nothing listens on port 1.
+    let state = state(ServeConfig {
+        redis: Some("redis://127.0.0.1:1".into()),
+        rpm: 10,
+        ..ServeConfig::default()
+    });
+    let (status, _, body) = call(&state, post("/v1/chat/completions", None, &chat(1, false))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_envelope(&body, "server_error", "state_store_unavailable");
+    let (status, _, body) = call(&state, get("/ready", None)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_envelope(&body, "server_error", "state_store_unavailable");
+    let (status, _, _) = call(&state, get("/health", None)).await;
+    assert_eq!(status, StatusCode::OK, "the process is alive");
+}
+
 #[tokio::test]
 async fn a_burst_beyond_the_queue_is_shed_with_503_and_the_rest_complete() {
     let _engine = generating().await;

@@ -2,7 +2,9 @@
 //!
 //! Both must stay cheap and never touch the engine's queue: a probe that waits behind
 //! generation would mark a busy server dead. `/ready` checks that the models are loaded and the
-//! engine loop is running; a server that is not ready answers 503 with the envelope.
+//! engine loop is running, and that the shared state store (Redis, when configured) answers; a
+//! server that is not ready answers 503 with the envelope (`engine_unavailable` or
+//! `state_store_unavailable`).
 
 use axum::extract::State;
 use axum::Json;
@@ -18,15 +20,16 @@ pub async fn health() -> Json<Health> {
     Json(Health { status: "ok" })
 }
 
-/// Whether the server can serve: models loaded, engine running.
+/// Whether the server can serve: models loaded, engine running, state store answering.
 #[utoipa::path(get, path = "/ready", tag = "probes", responses(
     (status = 200, description = "Ready to serve.", body = Readiness),
-    (status = 503, description = "The engine is not running.", body = ErrorResponse),
+    (status = 503, description = "The engine is not running, or the state store does not answer.", body = ErrorResponse),
 ))]
 pub async fn ready(State(state): State<AppState>) -> Result<Json<Readiness>, ApiError> {
     if !state.engine().is_running() {
         return Err(ApiError::Unavailable);
     }
+    state.limits().ready().await?;
     let models = std::iter::once(state.model_id())
         .chain(state.embedding_model_id())
         .map(str::to_owned)

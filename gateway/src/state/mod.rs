@@ -1,8 +1,9 @@
 //! Where the gateway keeps state that outlives a request: for now, the rate-limit buckets.
 //!
 //! [`StateStore`] is the contract; [`memory::MemoryStore`] keeps the buckets in this process,
-//! which is right for one gateway. Several replicas behind a load balancer would share one store
-//! (Redis, say) behind the same trait, so a key's limits hold across replicas.
+//! which is right for one gateway; [`redis::RedisStore`] keeps them in Redis (`--redis URL`), so
+//! that several replicas behind a load balancer share them and a key's limits hold across
+//! replicas.
 //!
 //! The limit is a token bucket per name: it holds up to a minute's quota, refills continuously
 //! at quota / 60 per second, and a request takes its cost from it all at once or not at all.
@@ -10,6 +11,7 @@
 //! lock here, one script in Redis); it must never block a caller on another caller's request.
 
 pub mod memory;
+pub mod redis;
 
 use std::num::NonZeroU64;
 use std::time::Duration;
@@ -19,6 +21,7 @@ use futures::future::BoxFuture;
 use crate::error::ApiError;
 
 pub use memory::MemoryStore;
+pub use redis::RedisStore;
 
 /// A rate: `per_minute` units a minute, in bursts of up to a minute's worth.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,4 +75,10 @@ pub trait StateStore: Send + Sync {
         quota: Quota,
         amount: u64,
     ) -> BoxFuture<'a, Result<(), ApiError>>;
+
+    /// Whether the store can serve takes now, for the readiness probe; a store in this
+    /// process always can.
+    fn ping(&self) -> BoxFuture<'_, Result<(), ApiError>> {
+        Box::pin(futures::future::ready(Ok(())))
+    }
 }

@@ -273,8 +273,16 @@ async fn two_replicas_sharing_redis_share_a_key_s_limit() {
             other => panic!("{other}: {body}"),
         }
     }
-    assert_eq!(answered[0] + answered[1], 20, "answered per replica: {answered:?}");
-    assert_eq!(answered, [10, 10], "the first 20 pass, whichever replica takes them");
+    assert_eq!(
+        answered[0] + answered[1],
+        20,
+        "answered per replica: {answered:?}"
+    );
+    assert_eq!(
+        answered,
+        [10, 10],
+        "the first 20 pass, whichever replica takes them"
+    );
     assert_eq!(limited, 20);
 }
 

@@ -3,8 +3,10 @@
 # `swarmgate serve` started by the suite's fixtures.
 #
 # Installs the pinned requirements into .venv (once: later runs skip pip when nothing changed),
-# builds the dev binary (the profile `cargo test` uses, so after it this is a no-op), then runs
-# pytest. Each request has a 60 s client timeout and the whole run at most 15 minutes, so a
+# builds the dev binary exactly as `cargo test --workspace --all-targets` does (a plain `cargo
+# build` would resolve features without the dev-dependencies and rebuild half the workspace), so
+# after `make test`'s cargo run this is a no-op, then runs pytest. Each request has a 60 s
+# client timeout and the whole run at most 15 minutes, so a
 # stuck server fails the run instead of hanging it. Extra arguments go to pytest
 # (e.g. `scripts/sdk-tests.sh -k embeddings`).
 set -euo pipefail
@@ -23,7 +25,7 @@ if ! cmp -s "$REQUIREMENTS" "$STAMP"; then
   cp "$REQUIREMENTS" "$STAMP"
 fi
 
-$CARGO build --bin swarmgate
+$CARGO test --workspace --all-targets --no-run --quiet
 export SWARMGATE_BIN="${CARGO_TARGET_DIR:-target}/debug/swarmgate"
 case $SWARMGATE_BIN in /*) ;; *) SWARMGATE_BIN="$PWD/$SWARMGATE_BIN" ;; esac
 

@@ -6,9 +6,8 @@
 # builds the dev binary exactly as `cargo test --workspace --all-targets` does (a plain `cargo
 # build` would resolve features without the dev-dependencies and rebuild half the workspace), so
 # after `make test`'s cargo run this is a no-op, then runs pytest. Each request has a 60 s
-# client timeout and the whole run at most 15 minutes, so a
-# stuck server fails the run instead of hanging it. Extra arguments go to pytest
-# (e.g. `scripts/sdk-tests.sh -k embeddings`).
+# client timeout and the whole run at most 15 minutes, so a stuck server fails the run instead
+# of hanging it. Extra arguments go to pytest (e.g. `scripts/sdk-tests.sh -k embeddings`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,0 +1,78 @@
+"""The compose stack agrees with the binary and the metrics: docker/docker-compose.yml parses;
+every Swarmgate service runs a real subcommand with flags and SWARMGATE_* variables that
+subcommand takes, and publishes the port it listens on; Prometheus scrapes that port; the
+Grafana dashboard queries only metric families the gateway defines and covers latency,
+throughput, the queue, the KV tiers, routing and the verifier."""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
+# Read by the logger, not by the command line.
+LOG_VARIABLE = "SWARMGATE_LOG"
+
+
+def swarmgate_help(subcommand: str) -> str:
+    run = subprocess.run(
+        [os.environ["SWARMGATE_BIN"], subcommand, "--help"],
+        capture_output=True, text=True, check=True,
+    )
+    return run.stdout
+
+
+def swarmgate_services() -> dict:
+    services = yaml.safe_load((DOCKER / "docker-compose.yml").read_text())["services"]
+    return {
+        name: service for name, service in services.items()
+        if service.get("build", {}).get("dockerfile") == "docker/Dockerfile"
+    }
+
+
+def test_every_swarmgate_service_uses_real_flags_variables_and_ports():
+    services = swarmgate_services()
+    assert services, "the compose file runs Swarmgate"
+    for name, service in services.items():
+        subcommand, *args = service["command"]
+        usage = swarmgate_help(subcommand)
+        for flag in (a for a in args if a.startswith("--")):
+            assert re.search(rf"\s{re.escape(flag)}\s", usage), f"{name}: {subcommand} has no {flag}"
+        for entry in service.get("environment", []):
+            variable = entry.split("=", 1)[0]
+            if variable != LOG_VARIABLE:
+                assert f"[env: {variable}" in usage, f"{name}: {subcommand} reads no {variable}"
+        port = args[args.index("--port") + 1]
+        published = [mapping.rsplit(":", 1)[-1] for mapping in service["ports"]]
+        assert port in published, f"{name} listens on {port} but publishes {published}"
+
+
+def test_prometheus_scrapes_every_replica_on_its_port():
+    prometheus = yaml.safe_load((DOCKER / "prometheus.yml").read_text())
+    targets = {
+        (name, str(sd["port"]))
+        for job in prometheus["scrape_configs"]
+        for sd in job.get("dns_sd_configs", [])
+        for name in sd["names"]
+    }
+    for name, service in swarmgate_services().items():
+        args = service["command"]
+        assert (name, args[args.index("--port") + 1]) in targets, f"{name} is not scraped"
+
+
+def test_the_dashboard_queries_metrics_the_gateway_exports():
+    defined = set(re.findall(r'"(swarmgate_[a-z_]+)"', (ROOT / "gateway/src/metrics.rs").read_text()))
+    dashboard = json.loads((DOCKER / "grafana/dashboards/swarmgate.json").read_text())
+    queried = set()
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            queried.update(re.findall(r"swarmgate_[a-z_]+", target["expr"]))
+    families = {re.sub(r"_bucket$", "", name) for name in queried}
+    assert families <= defined, f"not exported: {sorted(families - defined)}"
+    titles = " ".join(panel["title"].lower() for panel in dashboard["panels"])
+    for topic in ["first token", "inter-token", "throughput", "queue", "kv", "agent", "verifier"]:
+        assert topic in titles, f"no {topic} panel"

@@ -497,11 +497,11 @@ impl Worker {
         let prefilled = seq
             .as_ref()
             .filter(|_| matches!(reason, FinishReason::Stop | FinishReason::Length));
-        if let (Some(pin), None) = (out.pin, prefilled) {
-            self.pins.remove(&pin);
-        }
-        if let (Some(pin), Some(seq)) = (out.pin, prefilled) {
-            if let Some(Pin::Warming { .. }) = self.pins.get(&pin) {
+        match (out.pin, prefilled) {
+            (Some(pin), None) => {
+                self.pins.remove(&pin);
+            }
+            (Some(pin), Some(seq)) if matches!(self.pins.get(&pin), Some(Pin::Warming { .. })) => {
                 let keys = seq.blocks.prefix_keys(seq.prompt_len());
                 let blocks = self.scheduler.kv().pin(&keys);
                 tracing::info!(blocks, "prefix pinned");
@@ -511,6 +511,7 @@ impl Worker {
                     let _ = pinned.send(blocks);
                 }
             }
+            _ => {}
         }
         if matches!(reason, FinishReason::Stop | FinishReason::Length) {
             let rest = out.text.flush();

@@ -123,7 +123,13 @@ impl Swarm {
             .registry
             .update(|registry| registry.add(agent.clone()))?;
         if !agent.kind.is_system() {
-            self.inner.pins.pin(&[&agent]).await?;
+            if let Err(e) = self.inner.pins.pin(&[&agent]).await {
+                // A refused edit changes nothing: the agent goes again.
+                self.inner
+                    .registry
+                    .update(|registry| registry.remove(&agent.name))?;
+                return Err(e.into());
+            }
         }
         self.prepare().await
     }

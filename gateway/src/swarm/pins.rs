@@ -52,11 +52,14 @@ impl Pins {
                 continue;
             };
             let prefix = prefix?;
-            let tokens = model
+            // Tokenized once here: the share check needs the length, the engine the ids.
+            let ids = model
                 .tokenizer
                 .encode(prefix.as_str(), false)
                 .map_err(|e| engine::EngineError::Tokenizer(e.to_string()))?
-                .len();
+                .get_ids()
+                .to_vec();
+            let tokens = ids.len();
             let taken: usize = pinned
                 .values()
                 .chain(warming.iter().map(|(_, pin)| pin))
@@ -72,7 +75,7 @@ impl Pins {
                 );
                 continue;
             }
-            let pin = self.engine.pin_prefix(&Prompt::Text(prefix))?;
+            let pin = self.engine.pin_prefix(&Prompt::Tokens(ids))?;
             warming.push((agent.name.clone(), pin));
         }
         let mut total = 0;

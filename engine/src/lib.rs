@@ -43,6 +43,7 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use futures::future::BoxFuture;
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -72,6 +73,100 @@ pub struct ModelInfo {
     pub kv_capacity_tokens: usize,
 }
 
+impl ModelInfo {
+    /// What a GGUF's metadata says about its model, without loading a tensor: for a process that
+    /// prepares prompts for engines running elsewhere. `kv_capacity_tokens` is then the context
+    /// length (the engines check their own cache).
+    pub fn load(path: &std::path::Path) -> Result<Self> {
+        Self::from_gguf(&Gguf::open(path)?, path, None)
+    }
+
+    /// `kv_capacity_tokens`: `None` for the context length.
+    fn from_gguf(
+        gguf: &Gguf,
+        path: &std::path::Path,
+        kv_capacity_tokens: Option<usize>,
+    ) -> Result<Self> {
+        let context_length = model::llama::LlamaConfig::from_gguf(gguf)?.context_length;
+        let id = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
+        Ok(Self {
+            id,
+            tokenizer: Arc::new(model::tokenizer::tokenizer_from_gguf(gguf.content())?),
+            chat_template: ChatTemplate::from_gguf(gguf.content())?,
+            context_length,
+            kv_capacity_tokens: kv_capacity_tokens.unwrap_or(context_length),
+        })
+    }
+
+    /// Checks `request` and returns its prompt's token ids: sampling parameters the sampler can
+    /// honour, at least one token to generate, ids in the vocabulary, a prompt that leaves room
+    /// in the context window.
+    pub fn check(&self, request: &GenerateRequest) -> Result<Vec<u32>> {
+        request
+            .sampling
+            .validate()
+            .map_err(EngineError::InvalidRequest)?;
+        if request.max_tokens == 0 {
+            return Err(EngineError::InvalidRequest(
+                "max_tokens must be at least 1".into(),
+            ));
+        }
+        let prompt = match &request.prompt {
+            Prompt::Tokens(t) => t.clone(),
+            Prompt::Text(text) => self
+                .tokenizer
+                .encode(text.as_str(), false)
+                .map_err(|e| EngineError::Tokenizer(e.to_string()))?
+                .get_ids()
+                .to_vec(),
+        };
+        if prompt.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+        }
+        let vocab = self.tokenizer.get_vocab_size(true) as u32;
+        if let Some(t) = prompt.iter().find(|&&t| t >= vocab) {
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {t} is not in the vocabulary"
+            )));
+        }
+        let limit = self.context_length.min(self.kv_capacity_tokens);
+        if prompt.len() >= limit {
+            return Err(EngineError::InvalidRequest(format!(
+                "the prompt has {} tokens; this model takes at most {}",
+                prompt.len(),
+                limit - 1
+            )));
+        }
+        Ok(prompt)
+    }
+
+    /// Renders chat messages with the model's own template, ready for generation.
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
+        self.chat_template.render(messages, true)
+    }
+}
+
+/// Runs generation requests: the engine in this process ([`EngineHandle`]), or engines reached
+/// over a network. Callers that only generate (a router, a verifier) take this, so they run
+/// wherever the engines are.
+pub trait Generate: Send + Sync {
+    /// The model requests are prepared for (tokenizer, chat template, limits).
+    fn model(&self) -> &ModelInfo;
+
+    /// Checks and queues `request`; its events follow on the returned stream, which cancels the
+    /// request when dropped. Fails, without queueing, when the request can never be served or
+    /// no engine can take it now.
+    fn submit(&self, request: GenerateRequest) -> BoxFuture<'_, Result<EventStream>>;
+
+    /// Renders chat messages with the model's own template, ready for generation.
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
+        self.model().render_chat(messages)
+    }
+}
+
 struct Shared {
     commands: Sender<Command>,
     /// The engine loop; it ends only when every handle is gone, or if it fails.
@@ -96,8 +191,6 @@ impl EngineHandle {
     pub fn start(config: &EngineConfig) -> Result<Self> {
         config.validate().map_err(EngineError::InvalidRequest)?;
         let mut gguf = Gguf::open(&config.model)?;
-        let tokenizer = Arc::new(model::tokenizer::tokenizer_from_gguf(gguf.content())?);
-        let chat_template = ChatTemplate::from_gguf(gguf.content())?;
         let eos = vec![gguf.u32("tokenizer.ggml.eos_token_id")?];
         let llama = Llama::load(&mut gguf)?;
         let layout = llama.config().kv_layout(config.block_size);
@@ -122,18 +215,9 @@ impl EngineHandle {
         );
         let storage = KvStorage::new(layout, num_blocks);
         let host = HostStore::new(layout, host_slots);
-        let id = config
-            .model
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into());
-        let model_info = ModelInfo {
-            id,
-            tokenizer: tokenizer.clone(),
-            chat_template,
-            context_length: llama.config().context_length,
-            kv_capacity_tokens: num_blocks * config.block_size,
-        };
+        let model_info =
+            ModelInfo::from_gguf(&gguf, &config.model, Some(num_blocks * config.block_size))?;
+        let tokenizer = model_info.tokenizer.clone();
         let kv = KvConfig {
             num_blocks,
             block_size: config.block_size,
@@ -210,22 +294,13 @@ impl EngineHandle {
 
     /// Renders chat messages with the model's own template, ready for generation.
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
-        self.shared.model.chat_template.render(messages, true)
+        self.shared.model.render_chat(messages)
     }
 
     /// Validates and queues a request. Fails at once, without queueing, when the request can
     /// never be served or the engine is full.
     pub fn submit(&self, request: GenerateRequest) -> Result<EventStream> {
-        request
-            .sampling
-            .validate()
-            .map_err(EngineError::InvalidRequest)?;
-        if request.max_tokens == 0 {
-            return Err(EngineError::InvalidRequest(
-                "max_tokens must be at least 1".into(),
-            ));
-        }
-        let prompt = self.tokens(&request.prompt)?;
+        let prompt = self.shared.model.check(&request)?;
         let slot =
             QueueSlot::try_take(&self.shared.queued, self.shared.max_queued).ok_or_else(|| {
                 EngineError::Overloaded(format!(
@@ -257,7 +332,10 @@ impl EngineHandle {
     /// the device, never evicted, until the returned pin is dropped: for an agent's system
     /// prompt, which every one of its requests starts with.
     pub fn pin_prefix(&self, prefix: &Prompt) -> Result<PrefixPin> {
-        let prompt = self.tokens(prefix)?;
+        let prompt = self
+            .shared
+            .model
+            .check(&GenerateRequest::new(prefix.clone()))?;
         let id = self.shared.next_pin.fetch_add(1, Ordering::Relaxed);
         let tokens = prompt.len();
         let (pinned, ready) = tokio::sync::oneshot::channel();
@@ -273,37 +351,15 @@ impl EngineHandle {
             commands: self.shared.commands.clone(),
         })
     }
+}
 
-    /// The prompt's token ids, checked against the vocabulary and the context window.
-    fn tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
-        let model = &self.shared.model;
-        let prompt = match prompt {
-            Prompt::Tokens(t) => t.clone(),
-            Prompt::Text(text) => model
-                .tokenizer
-                .encode(text.as_str(), false)
-                .map_err(|e| EngineError::Tokenizer(e.to_string()))?
-                .get_ids()
-                .to_vec(),
-        };
-        if prompt.is_empty() {
-            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
-        }
-        let vocab = model.tokenizer.get_vocab_size(true) as u32;
-        if let Some(t) = prompt.iter().find(|&&t| t >= vocab) {
-            return Err(EngineError::InvalidRequest(format!(
-                "token id {t} is not in the vocabulary"
-            )));
-        }
-        let limit = model.context_length.min(model.kv_capacity_tokens);
-        if prompt.len() >= limit {
-            return Err(EngineError::InvalidRequest(format!(
-                "the prompt has {} tokens; this model takes at most {}",
-                prompt.len(),
-                limit - 1
-            )));
-        }
-        Ok(prompt)
+impl Generate for EngineHandle {
+    fn model(&self) -> &ModelInfo {
+        &self.shared.model
+    }
+
+    fn submit(&self, request: GenerateRequest) -> BoxFuture<'_, Result<EventStream>> {
+        Box::pin(std::future::ready(EngineHandle::submit(self, request)))
     }
 }
 
@@ -350,6 +406,17 @@ pub struct EventStream {
 }
 
 impl EventStream {
+    /// A stream fed by `rx`, for requests served elsewhere than in this process: whoever holds
+    /// the sender sends the events in [`Event`]'s order and sees the stream dropped as the
+    /// sender closing.
+    pub fn new(id: RequestId, prompt_tokens: usize, rx: UnboundedReceiver<Event>) -> Self {
+        Self {
+            id,
+            prompt_tokens,
+            rx,
+        }
+    }
+
     pub fn id(&self) -> RequestId {
         self.id
     }

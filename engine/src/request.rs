@@ -8,7 +8,7 @@ use std::time::Instant;
 pub struct RequestId(pub u64);
 
 /// How the next token is chosen from the logits.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplingParams {
     /// 0 means greedy (argmax); otherwise logits are divided by it before softmax.
     pub temperature: f32,
@@ -85,14 +85,16 @@ impl SamplingParams {
 }
 
 /// The prompt, as text (the engine tokenizes it) or as token ids.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Prompt {
     Text(String),
     Tokens(Vec<u32>),
 }
 
-/// One generation request.
-#[derive(Clone, Debug)]
+/// One generation request. It serializes for engines in other processes, all but its
+/// `deadline` (an instant of this process's clock).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct GenerateRequest {
     pub prompt: Prompt,
     pub sampling: SamplingParams,
@@ -116,6 +118,7 @@ pub struct GenerateRequest {
     /// out, the newest sequence of the lowest priority is preempted.
     pub priority: i32,
     /// Past this instant the request ends with an error and frees its memory.
+    #[serde(skip)]
     pub deadline: Option<Instant>,
     /// What shape the output must take.
     pub response_format: ResponseFormat,
@@ -126,7 +129,8 @@ pub struct GenerateRequest {
 }
 
 /// A constraint on the generated text.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ResponseFormat {
     #[default]
     Text,
@@ -156,7 +160,7 @@ impl GenerateRequest {
 
 /// The log-probability of one token (generated, or of the prompt) and of its most likely
 /// alternatives.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TokenLogprob {
     pub token: u32,
     pub logprob: f32,
@@ -168,7 +172,8 @@ pub struct TokenLogprob {
 }
 
 /// Why a sequence ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     /// EOS, a stop token or a stop string.
     Stop,
@@ -193,7 +198,7 @@ impl FinishReason {
 }
 
 /// Token counts of one request.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
@@ -204,7 +209,8 @@ pub struct Usage {
 /// What the engine sends back for a request, in order: when the request asked for
 /// `prompt_logprobs`, one `PromptLogprobs` once its prompt is computed (before any `Delta`; none
 /// if it ends before that), then any number of `Delta`s, then exactly one `Finished`.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Event {
     /// The prompt's tokens scored, from the second on (the first has nothing before it): entry
     /// `i` is prompt token `i + 1` given tokens `0..=i`, so there are `prompt_tokens - 1`.

@@ -15,7 +15,6 @@ use axum::extract::{DefaultBodyLimit, Request};
 use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use axum::Router;
-use engine::EngineHandle;
 use router::{AgentKind, SwarmConfig, Verifier, VerifierConfig};
 use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -29,6 +28,7 @@ use crate::http::swarm::Swarm;
 use crate::limits::{self, Limits};
 use crate::metrics::{self, Metrics};
 use crate::openapi;
+use crate::transport::{self, IntoTransport, Transport};
 
 /// What every handler shares. Cloning is a few reference-count increments.
 #[derive(Clone)]
@@ -42,7 +42,7 @@ pub struct AppState {
 }
 
 struct Inner {
-    engine: EngineHandle,
+    transport: Arc<dyn Transport>,
     model_id: String,
     /// Unix seconds when the server was set up (the models' `created`).
     started: u64,
@@ -53,9 +53,9 @@ struct Inner {
 }
 
 impl AppState {
-    /// State for serving `engine`'s model with the default settings, refusing request bodies
-    /// over `max_body_bytes`.
-    pub fn new(engine: EngineHandle, max_body_bytes: usize) -> Self {
+    /// State for serving the engine in this process with the default settings, refusing
+    /// request bodies over `max_body_bytes`.
+    pub fn new(engine: engine::EngineHandle, max_body_bytes: usize) -> Self {
         let config = ServeConfig {
             max_body_bytes,
             ..ServeConfig::default()
@@ -63,18 +63,19 @@ impl AppState {
         Self::configured(engine, &config)
     }
 
-    /// State for serving `engine`'s model under `config`, which must have passed
+    /// State for serving the model `transport` reaches under `config`, which must have passed
     /// [`ServeConfig::validate`].
-    pub fn configured(engine: EngineHandle, config: &ServeConfig) -> Self {
-        let model_id = engine.model().id.clone();
+    pub fn configured(transport: impl IntoTransport, config: &ServeConfig) -> Self {
+        let transport = transport.into_transport();
+        let model_id = transport.model().id.clone();
         let verifier = Arc::new(Verifier::new(
-            engine.clone(),
+            transport::for_agent(transport.clone(), None),
             default_verifier_prompt(),
             VerifierConfig::default(),
         ));
         Self {
             inner: Arc::new(Inner {
-                engine,
+                transport,
                 model_id,
                 started: http::chat::unix_now(),
                 max_body_bytes: config.max_body_bytes,
@@ -124,8 +125,14 @@ impl AppState {
         self.embeddings.as_ref().map(Embeddings::model_id)
     }
 
-    pub fn engine(&self) -> &EngineHandle {
-        &self.inner.engine
+    /// How requests reach the engines.
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.inner.transport
+    }
+
+    /// The model requests are prepared for.
+    pub fn model(&self) -> &engine::ModelInfo {
+        self.inner.transport.model()
     }
 
     /// The id clients name the model by (besides the alias `"default"`).

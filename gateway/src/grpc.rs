@@ -76,7 +76,7 @@ impl Inference for InferenceService {
         &self,
         request: Request<pb::ChatRequest>,
     ) -> Result<Response<pb::ChatResponse>, Status> {
-        let (answer, events) = self.submit(request)?;
+        let (answer, events) = self.submit(request).await?;
         Ok(Response::new(answer.collect(events).await?))
     }
 
@@ -86,7 +86,7 @@ impl Inference for InferenceService {
         &self,
         request: Request<pb::ChatRequest>,
     ) -> Result<Response<ChunkStream>, Status> {
-        let (answer, events) = self.submit(request)?;
+        let (answer, events) = self.submit(request).await?;
         Ok(Response::new(Box::pin(answer.chunks(events))))
     }
 
@@ -108,17 +108,20 @@ impl Inference for InferenceService {
 impl InferenceService {
     /// Checks the caller's key (sent as `authorization: Bearer KEY` metadata), validates
     /// `request` by the HTTP API's rules and hands it to the engine.
-    fn submit(&self, request: Request<pb::ChatRequest>) -> Result<(Answer, EventStream), ApiError> {
+    async fn submit(
+        &self,
+        request: Request<pb::ChatRequest>,
+    ) -> Result<(Answer, EventStream), ApiError> {
         self.state
             .auth()
             .check(&request.metadata().clone().into_headers())?;
-        let engine = self.state.engine();
-        let valid = validate_chat(wire_request(request.into_inner()), engine.model())?;
-        let events = engine.submit(valid.generate)?;
+        let model = self.state.model();
+        let valid = validate_chat(wire_request(request.into_inner()), model)?;
+        let events = self.state.transport().submit(None, valid.generate).await?;
         let answer = Answer {
             id: format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()),
             model: valid.model,
-            tokenizer: valid.logprobs.map(|_| engine.model().tokenizer.clone()),
+            tokenizer: valid.logprobs.map(|_| model.tokenizer.clone()),
         };
         Ok((answer, events))
     }

@@ -22,9 +22,11 @@
 //! - [`config`] is the server's settings: flags, environment and configuration file; [`serve`]
 //!   runs it all.
 //!
-//! The engine runs on its own thread; handlers only talk to it through
-//! [`engine::EngineHandle::submit`] and the stream it returns. Dropping that stream cancels the
-//! request, so a client that goes away frees its KV blocks without any bookkeeping here.
+//! Handlers reach the engines only through [`transport::Transport::submit`] and the stream it
+//! returns, whether the engine runs on a thread of this process (`swarmgate serve`) or in
+//! [`worker`] processes over NATS (`swarmgate gateway`). Dropping that stream cancels the
+//! request wherever it runs, so a client that goes away frees its KV blocks without any
+//! bookkeeping here.
 //!
 //! `POST /v1/swarm/verify` ([`http::verify`]) runs the swarm's verifier ([`router::Verifier`])
 //! alone on a question and an answer; [`app::AppState`] holds the verifier.
@@ -48,7 +50,9 @@ pub mod state;
 pub mod swarm;
 #[cfg(test)]
 pub(crate) mod test_support;
+pub mod transport;
 pub mod validate;
+pub mod worker;
 
 use std::future::Future;
 
@@ -65,7 +69,7 @@ pub use error::ApiError;
 /// requests in flight finish, for at most `config.shutdown_grace_secs`.
 pub async fn serve(
     config: config::ServeConfig,
-    engine: engine::EngineHandle,
+    transport: std::sync::Arc<dyn transport::Transport>,
 ) -> anyhow::Result<()> {
     config.validate().map_err(anyhow::Error::msg)?;
     // Loaded before listening, like the engine: a server that listens is one that answers.
@@ -86,15 +90,15 @@ pub async fn serve(
     let swarm = match config.swarm_file() {
         Some(path) => {
             let swarm_config = router::SwarmConfig::load(&path)?;
-            let verifier_prompt = swarm_config
+            let verifier = swarm_config
                 .agents
                 .iter()
                 .find(|agent| agent.kind == router::AgentKind::Verifier)
-                .map(|agent| agent.system_prompt.clone());
+                .map(|agent| (agent.name.to_string(), agent.system_prompt.clone()));
             let embedder = embeddings
                 .as_ref()
                 .map(http::embeddings::Embeddings::embedder);
-            let swarm = http::swarm::Swarm::new(swarm_config, engine.clone(), embedder)?;
+            let swarm = http::swarm::Swarm::new(swarm_config, transport.clone(), embedder)?;
             swarm
                 .prepare()
                 .await
@@ -110,21 +114,21 @@ pub async fn serve(
                 pinned_prompt_tokens = pinned,
                 "swarm loaded"
             );
-            Some((swarm, verifier_prompt))
+            Some((swarm, verifier))
         }
         None => None,
     };
-    let mut state = AppState::configured(engine, &config);
+    let mut state = AppState::configured(transport.clone(), &config);
     if let Some(embeddings) = embeddings {
         state = state.with_embeddings(embeddings);
     }
-    if let Some((swarm, verifier_prompt)) = swarm {
+    if let Some((swarm, verifier)) = swarm {
         state = state.with_swarm(swarm);
         // The swarm's own verifier agent judges answers (the registry requires one when a
         // policy asks for the judge; without one the shipped prompt stays).
-        if let Some(prompt) = verifier_prompt {
+        if let Some((name, prompt)) = verifier {
             let verifier = router::Verifier::new(
-                state.engine().clone(),
+                transport::for_agent(transport, Some(&name)),
                 prompt,
                 router::VerifierConfig::default(),
             );
@@ -179,7 +183,7 @@ pub async fn serve_on(
 }
 
 /// Completes on ctrl-c, or on SIGTERM where there is one (what container runtimes send).
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(e) = tokio::signal::ctrl_c().await {
             tracing::error!(error = %e, "cannot listen for ctrl-c");

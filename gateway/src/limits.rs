@@ -289,7 +289,7 @@ impl Admission {
         let cost = (prompt_tokens + request.max_tokens) as u64;
         let charge = state.limits().charge_tokens(self.caller, cost).await?;
         request.deadline = Some(self.deadlines.total);
-        let events = match state.engine().submit(request) {
+        let events = match state.transport().submit(agent, request).await {
             Ok(events) => events,
             Err(e) => {
                 charge.settle(0);

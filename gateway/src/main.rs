@@ -2,6 +2,8 @@
 //!
 //! - `swarmgate serve` serves the OpenAI-compatible API, and the same chat over gRPC, on the
 //!   engine, in one process.
+//! - `swarmgate gateway` serves the same API with no engine of its own: requests go over NATS to
+//!   `swarmgate worker`s, which each run an engine for the agents placed on them.
 //! - `swarmgate generate` answers one prompt on the command line.
 //! - `swarmgate bench` drives the engine in process and reports throughput and latency, or what
 //!   prefix caching saves on an agent workload.
@@ -12,7 +14,9 @@
 
 mod tools;
 
-use anyhow::Result;
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
@@ -30,6 +34,10 @@ struct Cli {
 enum Command {
     /// Serve the OpenAI-compatible API on the local engine.
     Serve(gateway::ServeConfig),
+    /// Serve the API with the engines in worker processes, reached over NATS.
+    Gateway(GatewayCommand),
+    /// Run an engine for gateways, taking their requests over NATS.
+    Worker(gateway::worker::WorkerConfig),
     /// Answer one prompt and print the answer as it is generated.
     Generate(tools::generate::GenerateArgs),
     /// Benchmark the engine in process: a concurrency sweep, or prefix caching on and off.
@@ -63,6 +71,15 @@ fn main() -> Result<()> {
                 .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
             serve(config)
         }
+        Command::Gateway(command) => {
+            let gateway_matches = matches
+                .subcommand_matches("gateway")
+                .expect("the gateway command was parsed");
+            let config = gateway::ServeConfig::load(gateway_matches)
+                .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+            run_gateway(config, command.nats)
+        }
+        Command::Worker(config) => run_worker(config),
         Command::Generate(args) => tools::generate::run(args),
         Command::Bench(args) => tools::bench::run(args),
         Command::Plan(args) => tools::plan::run(args),
@@ -71,14 +88,47 @@ fn main() -> Result<()> {
     }
 }
 
+/// `swarmgate gateway`'s own settings; the server's are [`gateway::ServeConfig`]'s.
+#[derive(clap::Args)]
+struct GatewayCommand {
+    #[command(flatten)]
+    serve: gateway::ServeConfig,
+    #[command(flatten)]
+    nats: gateway::transport::nats::GatewayArgs,
+}
+
 fn serve(config: gateway::ServeConfig) -> Result<()> {
     // Load the model before taking requests: a server that listens is a server that answers.
     let engine = engine::EngineHandle::start(&config.engine)?;
-    // The HTTP side is light; most cores belong to the engine's compute threads.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let transport = Arc::new(gateway::transport::Local::new(engine));
+    runtime()?.block_on(gateway::serve(config, transport))
+}
+
+fn run_gateway(
+    config: gateway::ServeConfig,
+    nats: gateway::transport::nats::GatewayArgs,
+) -> Result<()> {
+    let settings = nats.settings()?;
+    // The tokenizer and the chat template only: the weights are the workers'.
+    let model = engine::ModelInfo::load(&config.engine.model)?;
+    runtime()?.block_on(async {
+        let transport = gateway::transport::Nats::connect(&nats.nats.url, model, settings)
+            .await
+            .with_context(|| format!("cannot join the workers over NATS at {}", nats.nats.url))?;
+        gateway::serve(config, Arc::new(transport)).await
+    })
+}
+
+fn run_worker(config: gateway::worker::WorkerConfig) -> Result<()> {
+    let engine = engine::EngineHandle::start(&config.engine)?;
+    runtime()?.block_on(gateway::worker::run(config, engine))
+}
+
+/// The HTTP and NATS side is light; most cores belong to the engine's compute threads.
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .thread_name("swarmgate-http")
+        .thread_name("swarmgate-io")
         .enable_all()
-        .build()?;
-    runtime.block_on(gateway::serve(config, engine))
+        .build()?)
 }

@@ -280,10 +280,14 @@ impl Metrics {
         }
     }
 
-    /// The text exposition, with the engine's figures as of now.
-    pub fn render(&self, stats: &EngineStats) -> String {
+    /// The text exposition, with the figures of the engine in this process, if it is here, as
+    /// of now.
+    pub fn render(&self, stats: Option<&EngineStats>) -> String {
         use std::sync::atomic::Ordering::Relaxed;
         let inner = &self.inner;
+        let Some(stats) = stats else {
+            return inner.handle.render();
+        };
         inner.running.set(stats.running.load(Relaxed) as f64);
         inner.waiting.set(stats.waiting.load(Relaxed) as f64);
         let kv = stats.kv();
@@ -550,7 +554,9 @@ pub async fn track(State(state): State<AppState>, request: Request, next: Next) 
     AuthErrors,
 ))]
 pub async fn scrape(State(state): State<AppState>) -> Response {
-    let text = state.metrics().render(state.engine().stats());
+    let text = state
+        .metrics()
+        .render(state.transport().local_engine().map(|e| e.stats()));
     (
         [(
             header::CONTENT_TYPE,

@@ -23,9 +23,9 @@
 
 mod language;
 
-use engine::{
-    ChatMessage, EngineHandle, Event, FinishReason, GenerateRequest, Prompt, SamplingParams,
-};
+use std::sync::Arc;
+
+use engine::{ChatMessage, Event, FinishReason, Generate, GenerateRequest, Prompt, SamplingParams};
 
 use crate::agent::VerifierChecks;
 use crate::{Result, RouterError};
@@ -131,7 +131,7 @@ const NO: &[&str] = &["no", " no", "No", " No", "NO"];
 /// Checks answers for one swarm: holds the engine that runs the judge and the verifier agent's
 /// prompt.
 pub struct Verifier {
-    engine: EngineHandle,
+    engine: Arc<dyn Generate>,
     system_prompt: String,
     config: VerifierConfig,
     yes: Vec<u32>,
@@ -140,7 +140,7 @@ pub struct Verifier {
 
 impl Verifier {
     /// A verifier judging with `system_prompt` (the verifier agent's) on `engine`'s model.
-    pub fn new(engine: EngineHandle, system_prompt: String, config: VerifierConfig) -> Self {
+    pub fn new(engine: Arc<dyn Generate>, system_prompt: String, config: VerifierConfig) -> Self {
         let single_tokens = |words: &[&str]| {
             let tokenizer = &engine.model().tokenizer;
             let mut ids: Vec<u32> = words
@@ -259,14 +259,17 @@ impl Verifier {
         let prompt = self.engine.render_chat(&messages)?;
         let mut score_tokens = self.yes.clone();
         score_tokens.extend(&self.no);
-        let mut events = self.engine.submit(GenerateRequest {
-            sampling: SamplingParams::greedy(),
-            max_tokens: 1,
-            score_tokens,
-            // The judge holds an answer back from a user: it goes before new work.
-            priority: 5,
-            ..GenerateRequest::new(Prompt::Text(prompt))
-        })?;
+        let mut events = self
+            .engine
+            .submit(GenerateRequest {
+                sampling: SamplingParams::greedy(),
+                max_tokens: 1,
+                score_tokens,
+                // The judge holds an answer back from a user: it goes before new work.
+                priority: 5,
+                ..GenerateRequest::new(Prompt::Text(prompt))
+            })
+            .await?;
         let mut score = None;
         while let Some(event) = events.next().await {
             match event {

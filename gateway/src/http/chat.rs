@@ -60,7 +60,7 @@ pub async fn create(
             return crate::swarm::create(state.clone(), admission, swarm.clone(), request).await;
         }
     }
-    let engine = state.engine();
+    let model_info = state.model();
     let ValidChatRequest {
         model,
         prompt_tokens,
@@ -70,10 +70,10 @@ pub async fn create(
         include_usage,
         logprobs,
         ..
-    } = validate_chat(request, engine.model())?;
+    } = validate_chat(request, model_info)?;
     let choices = Choices::submit(&state, &admission, vec![(prompt_tokens, generate)], n).await?;
     let answer = Answer {
-        tokenizer: logprobs.map(|_| engine.model().tokenizer.clone()),
+        tokenizer: logprobs.map(|_| model_info.tokenizer.clone()),
         ..Answer::new(model, include_usage)
     };
     if !stream {

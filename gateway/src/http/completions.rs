@@ -44,7 +44,7 @@ pub async fn create(
     admission: Admission,
     ApiJson(request): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let engine = state.engine();
+    let model_info = state.model();
     let ValidCompletionRequest {
         model,
         prompts,
@@ -53,7 +53,7 @@ pub async fn create(
         include_usage,
         echo,
         logprobs,
-    } = validate_completion(request, engine.model())?;
+    } = validate_completion(request, model_info)?;
     let echoed: Vec<String> = prompts
         .iter()
         .map(|p| if echo { p.text.clone() } else { String::new() })
@@ -68,7 +68,7 @@ pub async fn create(
         id: format!("cmpl-{}", uuid::Uuid::new_v4().simple()),
         created: unix_now(),
         model,
-        tokenizer: logprobs.map(|_| engine.model().tokenizer.clone()),
+        tokenizer: logprobs.map(|_| model_info.tokenizer.clone()),
         include_usage,
         offsets: (0..choices.count())
             .map(|i| echoed[i / n].chars().count())

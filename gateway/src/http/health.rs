@@ -26,7 +26,7 @@ pub async fn health() -> Json<Health> {
     (status = 503, description = "The engine is not running, or the state store does not answer.", body = ErrorResponse),
 ))]
 pub async fn ready(State(state): State<AppState>) -> Result<Json<Readiness>, ApiError> {
-    if !state.engine().is_running() {
+    if !state.transport().is_ready() {
         return Err(ApiError::Unavailable);
     }
     state.limits().ready().await?;

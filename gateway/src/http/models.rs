@@ -1,6 +1,8 @@
 //! `GET /v1/models`: the ids this server answers to, as OpenAI lists them: the served model, the
 //! embedding model, and with a swarm, `swarm` and every agent that answers users (system agents
-//! are internal: they never take a request themselves).
+//! are internal: they never take a request themselves). Only what some engine serves now is
+//! listed: with the engines in worker processes, the model once a worker is live, and the
+//! agents some live worker hosts.
 
 use axum::extract::State;
 use axum::Json;
@@ -24,17 +26,21 @@ pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
         created: state.started(),
         owned_by: "swarmgate".into(),
     };
-    let mut ids: Vec<String> = std::iter::once(state.model_id())
+    let transport = state.transport();
+    let served = transport.is_ready();
+    let mut ids: Vec<String> = served
+        .then_some(state.model_id())
+        .into_iter()
         .chain(state.embedding_model_id())
         .map(str::to_owned)
         .collect();
-    if let Some(swarm) = state.swarm() {
+    if let (Some(swarm), true) = (state.swarm(), served) {
         ids.push(SWARM_MODEL.into());
         let registry = swarm.registry().snapshot();
         ids.extend(
             registry
                 .agents()
-                .filter(|agent| !agent.kind.is_system())
+                .filter(|agent| !agent.kind.is_system() && transport.serves(agent.name.as_str()))
                 .map(|agent| agent.name.to_string()),
         );
     }

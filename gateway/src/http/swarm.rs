@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::Json;
-use engine::{ChatMessage, Embedder, EngineHandle, ModelInfo};
+use engine::{ChatMessage, Embedder, ModelInfo};
 use router::route::embedding::DEFAULT_METHOD;
 use router::{
     AgentId, AgentSpec, EmbeddingRouter, LlmRouter, Registry, Route, RoutingConfig,
@@ -27,6 +27,7 @@ use crate::error::ApiError;
 use crate::http::json::ApiJson;
 use crate::openapi::GenerationErrors;
 use crate::swarm::pins::Pins;
+use crate::transport::{self, IntoTransport};
 use crate::validate::swarm::{validate_route, ValidRouteRequest};
 
 /// The model name that asks the swarm to choose the agent.
@@ -47,18 +48,26 @@ struct Inner {
     /// Absent when the server runs without an embedding model.
     embedding: Option<Arc<EmbeddingRouter>>,
     llm: LlmRouter,
-    pins: Pins,
+    /// Absent when the engines are in other processes, which pin their own agents' prompts.
+    pins: Option<Pins>,
     /// The served model's id: what an agent's `model` must name, unless it says `default`.
     model_id: String,
 }
 
 impl Swarm {
-    /// The swarm of `config`, routing with `engine` and, when given, `embedder`.
+    /// The swarm of `config`, routing with the engines `transport` reaches and, when given,
+    /// `embedder`.
     pub fn new(
         config: SwarmConfig,
-        engine: EngineHandle,
+        transport: impl IntoTransport,
         embedder: Option<Arc<Embedder>>,
     ) -> Result<Self, router::RouterError> {
+        let transport = transport.into_transport();
+        let router_agent = config
+            .agents
+            .iter()
+            .find(|a| a.kind == router::AgentKind::Router)
+            .map(|a| a.name.to_string());
         let registry = SharedRegistry::new(Registry::new(config.agents)?);
         let margin = config.routing.margin;
         Ok(Self {
@@ -67,9 +76,12 @@ impl Swarm {
                 routing: config.routing,
                 embedding: embedder
                     .map(|e| Arc::new(EmbeddingRouter::new(e, margin, DEFAULT_METHOD))),
-                pins: Pins::new(engine.clone()),
-                model_id: engine.model().id.clone(),
-                llm: LlmRouter::new(engine, margin),
+                pins: transport.local_engine().cloned().map(Pins::new),
+                model_id: transport.model().id.clone(),
+                llm: LlmRouter::new(
+                    transport::for_agent(transport.clone(), router_agent.as_deref()),
+                    margin,
+                ),
             }),
         })
     }
@@ -93,17 +105,24 @@ impl Swarm {
         &self.inner.registry
     }
 
-    /// Pins every answering agent's system prompt (see [`crate::swarm::pins`]) and waits until
-    /// they are warm; returns the tokens pinned.
+    /// Pins every answering agent's system prompt (see [`crate::swarm::pins`]) on the engine
+    /// in this process, if it is here, and waits until they are warm; returns the tokens pinned.
     pub async fn pin_prompts(&self) -> Result<usize, ApiError> {
+        let Some(pins) = &self.inner.pins else {
+            return Ok(0);
+        };
         let registry = self.inner.registry.snapshot();
         let agents: Vec<&AgentSpec> = registry.agents().filter(|a| !a.kind.is_system()).collect();
-        Ok(self.inner.pins.pin(&agents).await?)
+        Ok(pins.pin(&agents).await?)
     }
 
-    /// Tokens of `agent`'s pinned system prompt; 0 when it has none.
+    /// Tokens of `agent`'s system prompt pinned here; 0 when it has none (or the engines are
+    /// elsewhere).
     pub async fn pinned_tokens(&self, agent: &str) -> usize {
-        self.inner.pins.tokens(agent).await
+        match &self.inner.pins {
+            Some(pins) => pins.tokens(agent).await,
+            None => 0,
+        }
     }
 
     /// Adds `agent` to the swarm, pins its system prompt and indexes it for routing; it answers
@@ -122,8 +141,8 @@ impl Swarm {
         self.inner
             .registry
             .update(|registry| registry.add(agent.clone()))?;
-        if !agent.kind.is_system() {
-            if let Err(e) = self.inner.pins.pin(&[&agent]).await {
+        if let (false, Some(pins)) = (agent.kind.is_system(), &self.inner.pins) {
+            if let Err(e) = pins.pin(&[&agent]).await {
                 // A refused edit changes nothing: the agent goes again.
                 self.inner
                     .registry
@@ -140,7 +159,9 @@ impl Swarm {
             .inner
             .registry
             .update(|registry| registry.remove(name))?;
-        self.inner.pins.unpin(name.as_str()).await;
+        if let Some(pins) = &self.inner.pins {
+            pins.unpin(name.as_str()).await;
+        }
         Ok(agent)
     }
 

@@ -198,7 +198,7 @@ impl Run {
         request: &ChatCompletionRequest,
         extra: &[ChatMessage],
     ) -> Result<ValidChatRequest, ApiError> {
-        let model = self.state.engine().model();
+        let model = self.state.model();
         if !agent.model.is_default() && agent.model.as_str() != model.id {
             return Err(ApiError::ModelNotFound(agent.model.to_string()));
         }

@@ -87,9 +87,7 @@ pub(crate) fn live(
 ) -> Response {
     let name = agent.name.to_string();
     let mut answer = Answer {
-        tokenizer: valid
-            .logprobs
-            .map(|_| run.state.engine().model().tokenizer.clone()),
+        tokenizer: valid.logprobs.map(|_| run.state.model().tokenizer.clone()),
         ..Answer::new(name.clone(), include_usage)
     };
     let (tx, rx) = mpsc::channel(LIVE_BUFFER);

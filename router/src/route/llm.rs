@@ -13,8 +13,9 @@
 //! so the engine's prefix cache serves it after the first) and one decode step.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use engine::{ChatMessage, EngineHandle, Event, GenerateRequest, Prompt, SamplingParams};
+use engine::{ChatMessage, Event, Generate, GenerateRequest, Prompt, SamplingParams};
 
 use super::{answering_agents, decide, Route};
 use crate::{AgentId, AgentKind, Registry, Result, RouterError, RoutingStrategy};
@@ -22,7 +23,7 @@ use crate::{AgentId, AgentKind, Registry, Result, RouterError, RoutingStrategy};
 /// Routes by asking the generative model; see the module header. Cloning shares the engine.
 #[derive(Clone)]
 pub struct LlmRouter {
-    engine: EngineHandle,
+    engine: Arc<dyn Generate>,
     margin: f32,
 }
 
@@ -33,14 +34,14 @@ struct Label {
 }
 
 impl LlmRouter {
-    pub fn new(engine: EngineHandle, margin: f32) -> Self {
+    pub fn new(engine: Arc<dyn Generate>, margin: f32) -> Self {
         Self { engine, margin }
     }
 
     /// Routes `text` (a request's last user turn) among `registry`'s answering agents.
     pub async fn route(&self, registry: &Registry, text: &str) -> Result<Route> {
         let (request, labels) = self.request(registry, text)?;
-        let mut stream = self.engine.submit(request)?;
+        let mut stream = self.engine.submit(request).await?;
         let mut scored = None;
         let mut usage = engine::Usage::default();
         while let Some(event) = stream.next().await {
@@ -176,7 +177,7 @@ fn softmax_scores(labels: &[Label], scored: &[(u32, f32)]) -> BTreeMap<AgentId, 
 mod tests {
     use std::path::PathBuf;
 
-    use engine::EngineConfig;
+    use engine::{EngineConfig, EngineHandle};
 
     use super::*;
     use crate::route::test_support::default_registry;
@@ -227,7 +228,7 @@ mod tests {
         })
         .expect("run `make models` first");
         let registry = default_registry();
-        let router = LlmRouter::new(engine, 0.05);
+        let router = LlmRouter::new(Arc::new(engine), 0.05);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();

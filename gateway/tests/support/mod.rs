@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use engine::{EngineConfig, EngineHandle};
 
+pub mod cluster;
+
 pub const MODEL_ID: &str = "SmolLM2-135M-Instruct.Q4_1";
 pub const QUESTION: &str = "What is the capital of France? Answer in one sentence.";
 /// The prompt of a request that, left alone with `ignore_eos`, runs until the KV cache is full:

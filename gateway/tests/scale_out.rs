@@ -1,0 +1,373 @@
+//! Gateways and workers as separate processes over the machine's real NATS server: the worker's
+//! side of the protocol (bad messages refused without harm, batches, cancels, draining on
+//! SIGTERM), and a gateway with two workers taking streaming traffic while one of them is
+//! killed and then restarted.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine::{Event, FinishReason, GenerateRequest, Prompt, SamplingParams};
+use futures::StreamExt as _;
+use gateway::transport::protocol::{
+    self, Batch, Cancel, RefusalCode, Reply, Subjects, Submit, VERSION,
+};
+use serde_json::{json, Value};
+use support::cluster::{self, NATS_URL};
+
+async fn nats() -> async_nats::Client {
+    async_nats::connect(NATS_URL)
+        .await
+        .expect("NATS runs on 127.0.0.1:4222 (`make test` starts it)")
+}
+
+/// Sends `payload` as a request to `subject` and reads the worker's reply.
+async fn offer(client: &async_nats::Client, subject: &str, payload: Vec<u8>) -> Reply {
+    let reply = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.request(subject.to_owned(), payload.into()),
+    )
+    .await
+    .expect("the worker answers in time")
+    .expect("the worker answers");
+    protocol::decode(&reply.payload).expect("a readable reply")
+}
+
+fn refusal(reply: Reply) -> RefusalCode {
+    match reply {
+        Reply::Refused { code, .. } => code,
+        accepted => panic!("expected a refusal, got {accepted:?}"),
+    }
+}
+
+fn submit(subjects: &Subjects, id: &str, max_tokens: usize) -> Submit {
+    Submit {
+        v: VERSION,
+        id: id.into(),
+        agent: None,
+        stream: subjects.stream("testgw", id),
+        deadline_ms: Some(60_000),
+        request: GenerateRequest {
+            sampling: SamplingParams::greedy(),
+            max_tokens,
+            ignore_eos: true,
+            ..GenerateRequest::new(Prompt::Text("Count from 1 to 1000:".into()))
+        },
+    }
+}
+
+fn encode(message: &Submit) -> Vec<u8> {
+    protocol::encode(message).to_vec()
+}
+
+/// Reads a request's batches until its final event; checks they come in order.
+async fn read_to_end(batches: &mut async_nats::Subscriber, id: &str) -> (Vec<u32>, Event) {
+    let mut tokens = Vec::new();
+    let mut seq = 0;
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(30), batches.next())
+            .await
+            .expect("batches keep coming")
+            .expect("the subscription is open");
+        let batch: Batch = protocol::decode(&message.payload).expect("a readable batch");
+        assert_eq!(
+            (batch.id.as_str(), batch.seq),
+            (id, seq),
+            "batches in order"
+        );
+        seq += 1;
+        for event in batch.events {
+            match event {
+                Event::Delta { tokens: t, .. } => tokens.extend(t),
+                end @ Event::Finished { .. } => return (tokens, end),
+                Event::PromptLogprobs(_) => panic!("not asked for"),
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_worker_refuses_bad_messages_and_keeps_serving_cancels_and_drains() {
+    let name = cluster::cluster("protocol");
+    let subjects = Subjects::new(&name).unwrap();
+    let mut worker = cluster::worker(&name, "w1", &[]).await;
+    let client = nats().await;
+    let direct = subjects.worker("w1");
+
+    // Not JSON, another version, a stream subject outside the cluster, a field of the wrong
+    // type, and a request the engine can never run: each refused with its own code.
+    assert_eq!(
+        refusal(offer(&client, &direct, b"{not json".to_vec()).await),
+        RefusalCode::InvalidMessage
+    );
+    let mut future = serde_json::to_value(submit(&subjects, "r0", 4)).unwrap();
+    future["v"] = json!(VERSION + 1);
+    assert_eq!(
+        refusal(offer(&client, &direct, serde_json::to_vec(&future).unwrap()).await),
+        RefusalCode::UnsupportedVersion
+    );
+    let mut elsewhere = submit(&subjects, "r1", 4);
+    elsewhere.stream = subjects.agent("coder");
+    assert_eq!(
+        refusal(offer(&client, &direct, encode(&elsewhere)).await),
+        RefusalCode::InvalidMessage
+    );
+    let mut wrong_type = serde_json::to_value(submit(&subjects, "r2", 4)).unwrap();
+    wrong_type["request"]["max_tokens"] = json!("four");
+    assert_eq!(
+        refusal(offer(&client, &direct, serde_json::to_vec(&wrong_type).unwrap()).await),
+        RefusalCode::InvalidMessage
+    );
+    let mut impossible = submit(&subjects, "r3", 4);
+    impossible.request.sampling.top_p = 0.0;
+    assert_eq!(
+        refusal(offer(&client, &direct, encode(&impossible)).await),
+        RefusalCode::InvalidRequest
+    );
+    // A message with nowhere to answer is dropped.
+    client
+        .publish(direct.clone(), b"garbage without a reply".to_vec().into())
+        .await
+        .unwrap();
+    assert!(
+        worker.child.try_wait().unwrap().is_none(),
+        "the worker lives"
+    );
+
+    // A good request, through the queue subject for requests naming no agent: accepted, then its
+    // tokens in ordered batches and one final event whose usage counts them.
+    let good = submit(&subjects, "r4", 24);
+    let mut batches = client.subscribe(good.stream.clone()).await.unwrap();
+    assert_eq!(
+        offer(&client, &subjects.any(), encode(&good)).await,
+        Reply::Accepted {
+            v: VERSION,
+            worker: "w1".into()
+        }
+    );
+    let (tokens, end) = read_to_end(&mut batches, "r4").await;
+    match end {
+        Event::Finished {
+            reason: FinishReason::Length,
+            usage,
+            error: None,
+        } => assert_eq!(usage.completion_tokens, tokens.len()),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(tokens.len(), 24);
+
+    // A cancel stops a long request on the worker.
+    let long = submit(&subjects, "r5", 2000);
+    let mut batches = client.subscribe(long.stream.clone()).await.unwrap();
+    assert!(matches!(
+        offer(&client, &direct, encode(&long)).await,
+        Reply::Accepted { .. }
+    ));
+    batches.next().await.expect("a first batch");
+    let cancel = Cancel {
+        v: VERSION,
+        id: "r5".into(),
+    };
+    client
+        .publish(subjects.cancel("w1"), protocol::encode(&cancel))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let health: Value = reqwest::get(worker.url("/health"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if health["in_flight"] == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cancel was ignored: {health}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // SIGTERM while a request runs: it still finishes, the worker leaves the subjects (a new
+    // request finds no one), then exits cleanly.
+    let last = submit(&subjects, "r6", 48);
+    let mut batches = client.subscribe(last.stream.clone()).await.unwrap();
+    assert!(matches!(
+        offer(&client, &direct, encode(&last)).await,
+        Reply::Accepted { .. }
+    ));
+    worker.terminate();
+    let (tokens, _) = read_to_end(&mut batches, "r6").await;
+    assert_eq!(tokens.len(), 48, "the request in flight finished");
+    let after = client
+        .request(direct.clone(), encode(&submit(&subjects, "r7", 4)).into())
+        .await;
+    assert!(after.is_err(), "a drained worker took a request");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = worker.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the worker did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status}:\n{}", worker.tail());
+}
+
+/// How one streamed request ended, as the client saw it.
+#[derive(Debug)]
+enum Outcome {
+    /// `finish_reason` stop or length, then `[DONE]`.
+    Completed,
+    /// An error event (`finish_reason: "error"` with an error object) after `tokens` tokens.
+    Failed { tokens: usize },
+}
+
+/// Streams one chat request through the gateway; panics on anything but a 200 whose stream
+/// ends cleanly.
+async fn stream(client: &reqwest::Client, url: &str, i: usize) -> Outcome {
+    let response = client
+        .post(url)
+        .json(&json!({
+            "model": "default",
+            "messages": [{"role": "user", "content": format!("Count from {i} to {}.", i + 50)}],
+            "max_tokens": 16,
+            "temperature": 0,
+            "stream": true,
+        }))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("request {i}: {e}"));
+    assert_eq!(response.status(), 200, "request {i}");
+    let body = response.text().await.expect("the stream ends");
+    let mut tokens = 0;
+    let mut finish = None;
+    let mut done = false;
+    for data in body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let chunk: Value = serde_json::from_str(data).unwrap();
+        let choice = &chunk["choices"][0];
+        if choice["delta"]["content"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty())
+        {
+            tokens += 1;
+        }
+        if let Some(reason) = choice["finish_reason"].as_str() {
+            finish = Some((reason.to_owned(), chunk["error"].clone()));
+        }
+    }
+    assert!(done, "request {i}: no [DONE]:\n{body}");
+    match finish {
+        Some((reason, _)) if reason == "stop" || reason == "length" => Outcome::Completed,
+        Some((reason, error)) if reason == "error" => {
+            assert!(error["message"].is_string(), "request {i}: {error}");
+            Outcome::Failed { tokens }
+        }
+        other => panic!("request {i}: ended with {other:?}:\n{body}"),
+    }
+}
+
+#[tokio::test]
+async fn a_gateway_survives_losing_a_worker_and_takes_it_back() {
+    let name = cluster::cluster("failover");
+    let mut w1 = cluster::worker(&name, "w1", &[]).await;
+    let w2 = cluster::worker(&name, "w2", &[]).await;
+    let mut gateway = cluster::gateway(&name).await;
+    gateway.wait_for("/ready", Duration::from_secs(30)).await;
+    // Both workers in the gateway's registry view (a few heartbeats).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let url = gateway.url("/v1/chat/completions");
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(90))
+        .build()
+        .unwrap();
+    let (load_client, load_url) = (client.clone(), url.clone());
+    let total = 200;
+    let done = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let load = {
+        let done = done.clone();
+        tokio::spawn(
+            futures::stream::iter(0..total)
+                .map(move |i| {
+                    let (client, url, done) = (load_client.clone(), load_url.clone(), done.clone());
+                    async move {
+                        let sent = Instant::now();
+                        let outcome = stream(&client, &url, i).await;
+                        done.fetch_add(1, Ordering::SeqCst);
+                        (sent, sent.elapsed(), outcome)
+                    }
+                })
+                .buffer_unordered(16)
+                .collect::<Vec<_>>(),
+        )
+    };
+    // Once 60 requests are done, the first worker dies mid-traffic.
+    while done.load(Ordering::SeqCst) < 60 {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "the load stalled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    w1.kill();
+    let killed_at = Instant::now();
+    let outcomes = load.await.expect("the load ran");
+    let elapsed = started.elapsed();
+
+    let mut tally = BTreeMap::new();
+    for (sent, took, outcome) in &outcomes {
+        assert!(
+            *took < Duration::from_secs(60),
+            "a request took {took:?}: no request may hang"
+        );
+        match outcome {
+            Outcome::Completed => *tally.entry("completed").or_insert(0) += 1,
+            Outcome::Failed { tokens } => {
+                // Only a request the dead worker had already started streaming may fail; one
+                // that had not must have been handed to the survivor.
+                assert!(*tokens > 0, "a request failed before its first token");
+                assert!(
+                    *sent < killed_at,
+                    "a request sent after the kill failed: {outcome:?}"
+                );
+                *tally.entry("failed mid-stream").or_insert(0) += 1;
+            }
+        }
+    }
+    eprintln!("{total} streams in {elapsed:?}: {tally:?}");
+    assert_eq!(outcomes.len(), total);
+    assert!(tally["completed"] >= total - 16, "{tally:?}");
+
+    // The survivor served the rest.
+    assert!(w2.metric("swarmgate_generation_tokens_total").await > 0.0);
+    assert!(gateway.metric("swarmgate_generation_tokens_total").await > 0.0);
+
+    // The first worker comes back under its name and takes traffic again.
+    let w1 = cluster::worker(&name, "w1", &[]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let again: Vec<Outcome> = futures::stream::iter(0..16)
+        .map(|i| {
+            let (client, url) = (client.clone(), url.clone());
+            async move { stream(&client, &url, 1000 + i).await }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    assert!(
+        again.iter().all(|o| matches!(o, Outcome::Completed)),
+        "{again:?}"
+    );
+    let rejoined = w1.metric("swarmgate_generation_tokens_total").await;
+    assert!(rejoined > 0.0, "the restarted worker took no traffic");
+}

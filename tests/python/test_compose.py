@@ -26,12 +26,28 @@ def swarmgate_help(subcommand: str) -> str:
     return run.stdout
 
 
+def compose_services() -> dict:
+    return yaml.safe_load((DOCKER / "docker-compose.yml").read_text())["services"]
+
+
 def swarmgate_services() -> dict:
-    services = yaml.safe_load((DOCKER / "docker-compose.yml").read_text())["services"]
     return {
-        name: service for name, service in services.items()
+        name: service for name, service in compose_services().items()
         if service.get("build", {}).get("dockerfile") == "docker/Dockerfile"
     }
+
+
+def test_the_stack_has_the_scale_out_roles_and_their_services():
+    services = compose_services()
+    for name in ["nats", "redis", "gateway", "worker", "prometheus", "grafana"]:
+        assert name in services, f"no {name} service"
+    assert "-js" in services["nats"]["command"], "JetStream is off"
+    assert services["gateway"]["command"][0] == "gateway"
+    assert services["worker"]["command"][0] == "worker"
+    for name in ["gateway", "worker"]:
+        environment = dict(e.split("=", 1) for e in services[name]["environment"] if "=" in e)
+        assert environment["SWARMGATE_NATS"] == "nats://nats:4222", name
+    assert "SWARMGATE_REDIS" in " ".join(services["gateway"]["environment"])
 
 
 def test_every_swarmgate_service_uses_real_flags_variables_and_ports():

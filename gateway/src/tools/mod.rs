@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod eval;
 pub mod generate;
+pub mod loadgen;
 pub mod openapi;
 pub mod plan;
 pub mod stats;

@@ -11,6 +11,8 @@
 //!   labelled queries; `swarmgate eval verifier FILE` measures the verifier on labelled answers.
 //! - `swarmgate plan` shows where the agents of a swarm file would run within device budgets.
 //! - `swarmgate openapi` prints the HTTP API's OpenAPI document.
+//! - `swarmgate loadgen` loads an OpenAI-compatible server on this machine over HTTP and reports
+//!   throughput and latency per concurrency level, as JSON and a chart.
 
 mod tools;
 
@@ -49,6 +51,9 @@ enum Command {
     Openapi(tools::openapi::OpenApiArgs),
     /// Measure a swarm decision against labelled data (`eval routing FILE`, `eval verifier FILE`).
     Eval(tools::eval::EvalArgs),
+    /// Load a chat completions server on this machine at several concurrency levels: latency,
+    /// throughput, errors; a JSON report and a PNG chart.
+    Loadgen(tools::loadgen::LoadgenArgs),
 }
 
 fn main() -> Result<()> {
@@ -85,6 +90,7 @@ fn main() -> Result<()> {
         Command::Plan(args) => tools::plan::run(args),
         Command::Openapi(args) => tools::openapi::run(args),
         Command::Eval(args) => tools::eval::run(args),
+        Command::Loadgen(args) => tools::loadgen::run(args),
     }
 }
 

@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use engine::{EngineConfig, EngineHandle, Event, GenerateRequest, Usage};
-use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::tools::stats::{ms, percentile};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -181,26 +182,6 @@ fn wait_until_idle(engine: &EngineHandle) {
     }
 }
 
-fn progress_bar(len: usize, unit: &str) -> Result<ProgressBar> {
-    let template = format!("{{msg}} [{{bar:40}}] {{pos}}/{{len}} {unit}, {{per_sec}}, eta {{eta}}");
-    Ok(ProgressBar::new(len as u64)
-        .with_style(ProgressStyle::with_template(&template)?.progress_chars("=> ")))
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-/// Nearest-rank percentile; sorts `values`. 0 for no values.
-fn percentile(values: &mut [f64], p: f64) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    values.sort_by(f64::total_cmp);
-    let rank = ((p / 100.0) * values.len() as f64).ceil() as usize;
-    values[rank.clamp(1, values.len()) - 1]
-}
-
 /// p50 and p95 of the times to first token, in ms.
 fn ttft_p50_p95(outcomes: &[Outcome]) -> (f64, f64) {
     let mut ttft: Vec<f64> = outcomes.iter().map(|o| ms(o.ttft)).collect();
@@ -211,16 +192,7 @@ fn ttft_p50_p95(outcomes: &[Outcome]) -> (f64, f64) {
 mod tests {
     use std::sync::Mutex;
 
-    use super::{closed_loop, percentile};
-
-    #[test]
-    fn nearest_rank_percentiles() {
-        let mut v: Vec<f64> = (1..=20).rev().map(f64::from).collect();
-        assert_eq!(percentile(&mut v, 50.0), 10.0);
-        assert_eq!(percentile(&mut v, 95.0), 19.0);
-        assert_eq!(percentile(&mut v, 100.0), 20.0);
-        assert_eq!(percentile(&mut [], 50.0), 0.0);
-    }
+    use super::closed_loop;
 
     #[test]
     fn closed_loop_runs_every_job_once() {

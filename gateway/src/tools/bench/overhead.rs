@@ -12,7 +12,9 @@ use anyhow::{bail, Context, Result};
 use engine::{ChatMessage, EngineHandle, Event, GenerateRequest, Prompt, SamplingParams};
 use serde::Serialize;
 
-use super::{ms, percentile, progress_bar, BenchArgs};
+use super::BenchArgs;
+use crate::tools::progress_bar;
+use crate::tools::stats::{ms, percentile};
 
 const QUESTION: &str = "Say hello.";
 

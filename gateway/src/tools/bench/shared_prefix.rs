@@ -29,9 +29,8 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use self::agents::{AgentScript, AGENTS};
-use super::{
-    closed_loop, progress_bar, stream_request, ttft_p50_p95, wait_until_idle, BenchArgs, Outcome,
-};
+use super::{closed_loop, stream_request, ttft_p50_p95, wait_until_idle, BenchArgs, Outcome};
+use crate::tools::progress_bar;
 
 const SCENARIO: &str = "shared-prefix";
 const DEFAULT_CONCURRENCY: usize = 4;

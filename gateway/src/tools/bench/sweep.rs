@@ -17,10 +17,9 @@ use engine::{ChatMessage, EngineHandle, EngineStats, GenerateRequest, Prompt, Sa
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use super::{
-    closed_loop, ms, percentile, progress_bar, stream_request, ttft_p50_p95, wait_until_idle,
-    BenchArgs, Outcome,
-};
+use super::{closed_loop, stream_request, ttft_p50_p95, wait_until_idle, BenchArgs, Outcome};
+use crate::tools::stats::{ms, percentile};
+use crate::tools::{progress_bar, CHAT_QUESTIONS};
 
 const DEFAULT_LEVELS: [usize; 4] = [1, 4, 16, 32];
 const DEFAULT_MAX_TOKENS: usize = 128;
@@ -38,25 +37,6 @@ struct LevelReport {
     wall_s: f64,
 }
 
-const QUESTIONS: [&str; 16] = [
-    "What is the capital of France?",
-    "Write a haiku about autumn leaves.",
-    "Explain what a hash map is to a new programmer, with an example in Python.",
-    "Give me three tips for sleeping better.",
-    "Summarize the plot of Romeo and Juliet in a paragraph.",
-    "How do vaccines train the immune system?",
-    "Translate 'good morning, how are you?' into Spanish and French.",
-    "What are the main differences between TCP and UDP? Answer with a short list.",
-    "Write a short, friendly email declining a meeting invitation.",
-    "Why is the sky blue?",
-    "Suggest a name for a bakery that specialises in sourdough bread.",
-    "What is 17 times 23? Show your working.",
-    "Describe the water cycle for a ten-year-old.",
-    "List five healthy breakfast ideas and why each is good for you.",
-    "How does a binary search work, and what is its time complexity?",
-    "Write a limerick about a cat who learned to code.",
-];
-
 pub(super) fn run(args: &BenchArgs) -> Result<()> {
     let levels = if args.concurrency.is_empty() {
         &DEFAULT_LEVELS[..]
@@ -65,7 +45,7 @@ pub(super) fn run(args: &BenchArgs) -> Result<()> {
     };
     let max_tokens = args.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     let engine = EngineHandle::start(&args.engine)?;
-    let prompts = QUESTIONS
+    let prompts = CHAT_QUESTIONS
         .iter()
         .map(|q| engine.render_chat(&[ChatMessage::new("user", *q)]))
         .collect::<engine::Result<Vec<_>>>()?;

@@ -18,6 +18,8 @@ use clap::Args;
 use engine::{EmbedderConfig, EngineConfig};
 use serde::{Deserialize, Serialize};
 
+use crate::tools::stats::percentile;
+
 use gateway::api::swarm::RouteResponse;
 use gateway::http::embeddings::Embeddings;
 use gateway::http::swarm::Swarm;
@@ -190,7 +192,6 @@ fn report(
             )
         })
         .collect();
-    latencies.sort_by(f64::total_cmp);
     Report {
         file: file.display().to_string(),
         strategy,
@@ -203,12 +204,6 @@ fn report(
         latency_p95_ms: percentile(latencies, 95.0),
         latency_mean_ms: latencies.iter().sum::<f64>() / latencies.len() as f64,
     }
-}
-
-/// Nearest-rank percentile of sorted, non-empty `values`.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 fn render(report: &Report) -> String {

@@ -19,6 +19,8 @@ use clap::Args;
 use engine::{EmbedderConfig, EngineConfig, EngineHandle};
 use serde::{Deserialize, Serialize};
 
+use crate::tools::stats::percentile;
+
 #[derive(Args, Debug)]
 pub struct VerifierEvalArgs {
     /// JSONL file of labelled items.
@@ -159,13 +161,12 @@ pub fn run(args: VerifierEvalArgs) -> Result<()> {
             100.0 * n as f64 / d as f64
         }
     };
-    latencies.sort_by(f64::total_cmp);
     let report = Report {
         items: items.len(),
         bad_rejected_pct: pct(bad_rejected, bad_total),
         good_rejected_pct: pct(good.map_or(0, |g| g.rejected), good.map_or(0, |g| g.total)),
-        latency_p50_ms: percentile(&latencies, 50.0),
-        latency_p95_ms: percentile(&latencies, 95.0),
+        latency_p50_ms: percentile(&mut latencies, 50.0),
+        latency_p95_ms: percentile(&mut latencies, 95.0),
         groups,
     };
     if args.json {
@@ -187,15 +188,6 @@ async fn start_server(engine: &EngineConfig, embedding: &EmbedderConfig) -> Resu
     let base = format!("http://{}", listener.local_addr()?);
     tokio::spawn(gateway::serve_on(listener, state, std::future::pending()));
     Ok(base)
-}
-
-/// The nearest-rank percentile of sorted values.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 fn print_report(report: &Report) {
@@ -234,18 +226,5 @@ fn print_report(report: &Report) {
         println!("{name:<16} relevance: {}", list(&group.relevance));
         println!("{:<16}   (json):  {}", "", list(&group.relevance_json));
         println!("{:<16} judge:     {}", "", list(&group.judge));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn percentiles_are_nearest_rank() {
-        let values: Vec<f64> = (1..=20).map(f64::from).collect();
-        assert_eq!(percentile(&values, 50.0), 10.0);
-        assert_eq!(percentile(&values, 95.0), 19.0);
-        assert_eq!(percentile(&[], 50.0), 0.0);
     }
 }

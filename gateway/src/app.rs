@@ -29,6 +29,7 @@ use crate::http::swarm::Swarm;
 use crate::limits::{self, Limits};
 use crate::metrics::{self, Metrics};
 use crate::openapi;
+use crate::state;
 
 /// What every handler shares. Cloning is a few reference-count increments.
 #[derive(Clone)]
@@ -72,6 +73,7 @@ impl AppState {
             default_verifier_prompt(),
             VerifierConfig::default(),
         ));
+        let store = state::open(config.redis.as_deref());
         Self {
             inner: Arc::new(Inner {
                 engine,
@@ -79,7 +81,7 @@ impl AppState {
                 started: http::chat::unix_now(),
                 max_body_bytes: config.max_body_bytes,
                 auth: Auth::new(&config.api_keys, &config.admin_keys, config.metrics_public),
-                limits: Limits::new(config),
+                limits: Limits::new(config, store),
                 metrics: Metrics::new(),
             }),
             embeddings: None,

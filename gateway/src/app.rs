@@ -29,6 +29,7 @@ use crate::http::swarm::Swarm;
 use crate::limits::{self, Limits};
 use crate::metrics::{self, Metrics};
 use crate::openapi;
+use crate::session::Sessions;
 use crate::state;
 
 /// What every handler shares. Cloning is a few reference-count increments.
@@ -50,6 +51,7 @@ struct Inner {
     max_body_bytes: usize,
     auth: Auth,
     limits: Limits,
+    sessions: Sessions,
     metrics: Metrics,
 }
 
@@ -81,7 +83,8 @@ impl AppState {
                 started: http::chat::unix_now(),
                 max_body_bytes: config.max_body_bytes,
                 auth: Auth::new(&config.api_keys, &config.admin_keys, config.metrics_public),
-                limits: Limits::new(config, store),
+                limits: Limits::new(config, store.clone()),
+                sessions: Sessions::new(config, store),
                 metrics: Metrics::new(),
             }),
             embeddings: None,
@@ -150,6 +153,10 @@ impl AppState {
 
     pub fn limits(&self) -> &Limits {
         &self.inner.limits
+    }
+
+    pub fn sessions(&self) -> &Sessions {
+        &self.inner.sessions
     }
 
     pub fn metrics(&self) -> &Metrics {

@@ -46,7 +46,8 @@ pub struct GenerationOptions {
     pub presence_penalty: Option<f64>,
     #[schema(minimum = -2, maximum = 2)]
     pub frequency_penalty: Option<f64>,
-    /// An end-user id for abuse tracking; accepted and unused.
+    /// An end-user id. Chat takes it as the conversation session when the request has no
+    /// `x-session-id` header; text completions ignore it.
     pub user: Option<String>,
     /// vLLM's extension: keep the k most likely tokens; 0 or -1 turn it off.
     #[schema(minimum = -1)]
@@ -72,6 +73,8 @@ pub struct GenerationOptions {
 pub struct ChatCompletionRequest {
     /// The served model's id or `"default"`; absent means the served model.
     pub model: Option<String>,
+    /// The conversation; in a session, only its new turn (the history kept for the session
+    /// goes before it).
     pub messages: Vec<ChatMessage>,
     /// Supersedes `max_tokens`, which OpenAI deprecated for chat; both are accepted.
     #[schema(minimum = 1)]

@@ -28,6 +28,8 @@ use crate::http::swarm::Swarm;
 use crate::limits::{self, Limits};
 use crate::metrics::{self, Metrics};
 use crate::openapi;
+use crate::session::Sessions;
+use crate::state;
 use crate::transport::{self, IntoTransport, Transport};
 
 /// What every handler shares. Cloning is a few reference-count increments.
@@ -49,6 +51,7 @@ struct Inner {
     max_body_bytes: usize,
     auth: Auth,
     limits: Limits,
+    sessions: Sessions,
     metrics: Metrics,
 }
 
@@ -73,6 +76,7 @@ impl AppState {
             default_verifier_prompt(),
             VerifierConfig::default(),
         ));
+        let store = state::open(config.redis.as_deref());
         Self {
             inner: Arc::new(Inner {
                 transport,
@@ -80,7 +84,8 @@ impl AppState {
                 started: http::chat::unix_now(),
                 max_body_bytes: config.max_body_bytes,
                 auth: Auth::new(&config.api_keys, &config.admin_keys, config.metrics_public),
-                limits: Limits::new(config),
+                limits: Limits::new(config, store.clone()),
+                sessions: Sessions::new(config, store),
                 metrics: Metrics::new(),
             }),
             embeddings: None,
@@ -155,6 +160,10 @@ impl AppState {
 
     pub fn limits(&self) -> &Limits {
         &self.inner.limits
+    }
+
+    pub fn sessions(&self) -> &Sessions {
+        &self.inner.sessions
     }
 
     pub fn metrics(&self) -> &Metrics {

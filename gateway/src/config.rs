@@ -73,10 +73,19 @@ pub struct ServeConfig {
     /// Serve `/metrics` without a key even when keys are configured.
     #[arg(long, env = "SWARMGATE_METRICS_PUBLIC", default_value_t = true, action = clap::ArgAction::Set)]
     pub metrics_public: bool,
-    /// Redis holding the rate-limit and budget buckets (`redis://host:port/db`), shared by every
-    /// gateway replica pointed at it; without one they live in this process.
+    /// Redis holding the rate-limit and budget buckets and the sessions' histories
+    /// (`redis://host:port/db`), shared by every gateway replica pointed at it; without one they
+    /// live in this process.
     #[arg(long, env = "SWARMGATE_REDIS")]
     pub redis: Option<String>,
+    /// Seconds a conversation session (a chat request's `x-session-id` header, else its `user`)
+    /// keeps its history after its last request; 0 turns sessions off.
+    #[arg(long, env = "SWARMGATE_SESSION_TTL_SECS", default_value_t = 3600)]
+    pub session_ttl_secs: u64,
+    /// Most bytes of history a session keeps; past it, its oldest turns are dropped (the system
+    /// message it began with stays).
+    #[arg(long, env = "SWARMGATE_SESSION_MAX_BYTES", default_value_t = 65536)]
+    pub session_max_bytes: usize,
     /// Requests per minute per key (all traffic together when there are no keys); 0: no limit.
     #[arg(long, env = "SWARMGATE_RPM", default_value_t = 0)]
     pub rpm: u64,
@@ -112,6 +121,9 @@ pub struct ServeConfig {
     pub embedding: EmbedderConfig,
 }
 
+/// A year: sessions are conversations, not archives.
+pub const MAX_SESSION_TTL_SECS: u64 = 365 * 24 * 3600;
+
 /// 4 MiB: far above any prompt this engine's context can take, small enough that a client
 /// cannot make the server buffer much.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
@@ -129,6 +141,8 @@ impl Default for ServeConfig {
             admin_keys: Vec::new(),
             metrics_public: true,
             redis: None,
+            session_ttl_secs: 3600,
+            session_max_bytes: 65536,
             rpm: 0,
             tpm: 0,
             max_concurrent_requests: 256,
@@ -254,6 +268,15 @@ impl ServeConfig {
         if let Some(url) = &self.redis {
             redis::Client::open(url.as_str())
                 .map_err(|e| format!("--redis must be a Redis URL (redis://host:port): {e}"))?;
+        }
+        if self.session_ttl_secs > MAX_SESSION_TTL_SECS {
+            return Err(format!(
+                "--session-ttl-secs must be at most {MAX_SESSION_TTL_SECS} (a year), not {}",
+                self.session_ttl_secs
+            ));
+        }
+        if self.session_max_bytes == 0 {
+            return Err("--session-max-bytes must be positive".into());
         }
         if self.max_concurrent_requests == 0 {
             return Err("--max-concurrent-requests must be at least 1".into());

@@ -3,11 +3,13 @@
 //! A request travels through these pieces, in order:
 //! - [`mod@app`] builds the router: routes, the request-body limit, `x-request-id`, tracing.
 //!   [`app::AppState`] is what every handler shares (the engine handle and the served model,
-//!   the keys, the limits, the metrics).
+//!   the keys, the limits, the sessions, the metrics).
 //! - [`auth`] checks API keys and names the [`auth::Caller`]; [`limits`] applies per-caller
 //!   rate limits (their buckets live in a [`state`] store) and the bounded admission queue, and
 //!   submits work to the engine under the [`deadline`]s; [`metrics`] counts it all for
 //!   `GET /metrics`.
+//! - [`session`] keeps conversation histories (in the same [`state`] store), so a chat client in
+//!   a session sends only its new turn.
 //! - [`http`] holds one module per endpoint family; handlers are thin: extract, validate, submit,
 //!   shape the answer. [`http::json`] is the JSON body extractor, whose failures keep the OpenAI
 //!   error envelope instead of axum's plain-text defaults.
@@ -46,6 +48,7 @@ pub mod limits;
 pub mod logprobs;
 pub mod metrics;
 pub mod openapi;
+pub mod session;
 pub mod state;
 pub mod swarm;
 #[cfg(test)]

@@ -46,7 +46,7 @@ use crate::auth::Caller;
 use crate::config::ServeConfig;
 use crate::deadline::{self, Deadlines, Timeouts};
 use crate::error::ApiError;
-use crate::state::{MemoryStore, Quota, RedisStore, StateStore, Take};
+use crate::state::{Quota, StateStore, Take};
 
 /// The server's limits, shared by every request.
 pub struct Limits {
@@ -58,13 +58,9 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// The limits `config` sets, with buckets in Redis when `config` names one, else in this
-    /// process's memory. `config` must have passed [`ServeConfig::validate`].
-    pub fn new(config: &ServeConfig) -> Self {
-        let store: Arc<dyn StateStore> = match &config.redis {
-            Some(url) => Arc::new(RedisStore::new(url).expect("validate() checked the URL")),
-            None => Arc::new(MemoryStore::new()),
-        };
+    /// The limits `config` sets, with buckets in `store`. `config` must have passed
+    /// [`ServeConfig::validate`].
+    pub fn new(config: &ServeConfig, store: Arc<dyn StateStore>) -> Self {
         Self {
             store,
             rpm: Quota::per_minute(config.rpm),
@@ -383,7 +379,7 @@ mod tests {
     use super::*;
 
     fn limits(config: ServeConfig) -> Limits {
-        Limits::new(&config)
+        Limits::new(&config, Arc::new(crate::state::MemoryStore::new()))
     }
 
     /// Polls `future` once: whether it finished, and the future to keep polling.

@@ -89,7 +89,8 @@ pub enum GenerationErrors {
     /// Generation failed.
     #[response(status = 500)]
     Internal(ErrorResponse),
-    /// The server is overloaded or its engine is not running; see `Retry-After`.
+    /// The server is overloaded or its engine is not running (see `Retry-After`), or the
+    /// state store (Redis) the request needs does not answer (`state_store_unavailable`).
     #[response(status = 503)]
     Unavailable(ErrorResponse),
     /// The request ran past its deadline.

@@ -349,6 +349,50 @@ async fn a_provisional_stream_ends_with_the_verdict() {
     wait_until_idle().await;
 }
 
+/// A session (named by `user`) continues through the swarm: the first turn streams live, the
+/// second is whole, and its generation's prompt holds the first turn, mostly from the cache.
+#[tokio::test]
+async fn a_session_continues_through_the_swarm() {
+    let _engine = generating().await;
+    let state = state();
+    let user = format!("swarm-session-{}", uuid::Uuid::new_v4());
+    let turn = |text: &str, stream: bool| {
+        json!({
+            "model": "writer",
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": 40,
+            "temperature": 0,
+            "stream": stream,
+            "user": user,
+        })
+    };
+    let first = chat(
+        state.clone(),
+        turn("Write a two-line poem about autumn leaves.", true),
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::OK);
+    let chunks = first.chunks();
+    let hops = &chunks[chunks.len() - 1]["swarm"]["usage"];
+    let first = hops_of(hops, "generate")[0].clone();
+
+    let second = chat(state, turn("Now one about spring rain.", false)).await;
+    let body = second.json();
+    assert_eq!(second.status, StatusCode::OK, "{body}");
+    let second = hops_of(&body["swarm"]["usage"], "generate")[0];
+    let tokens = |hop: &Value, field: &str| hop[field].as_u64().unwrap();
+    assert!(
+        tokens(second, "prompt_tokens")
+            > tokens(&first, "prompt_tokens") + tokens(&first, "completion_tokens"),
+        "the first turn is in the second's prompt: {first} then {second}"
+    );
+    assert!(
+        tokens(second, "cached_tokens") >= tokens(&first, "prompt_tokens") / 16 * 16,
+        "and its KV is reused: {first} then {second}"
+    );
+    wait_until_idle().await;
+}
+
 #[tokio::test]
 async fn an_agent_over_its_budget_is_refused_and_metrics_count_per_agent() {
     let _engine = generating().await;

@@ -1,7 +1,8 @@
 //! `POST /v1/chat/completions`: validate, submit to the engine, and answer whole or streamed.
 //!
 //! The request runs under its [`Admission`]: tokens per minute, deadlines, metrics. Its `n`
-//! answers run side by side ([`Choices`]).
+//! answers run side by side ([`Choices`]). A request in a conversation session gets its history
+//! first and adds its answer to it once answered ([`crate::session`]).
 //!
 //! Non-streamed: each answer's deltas are gathered into one message; a generation that fails
 //! becomes a 500 envelope, one that runs out of time a 504. Streamed: the headers wait a moment
@@ -19,6 +20,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::{FinishReason, TokenLogprob};
@@ -30,11 +32,12 @@ use crate::api::{
 };
 use crate::app::AppState;
 use crate::error::ApiError;
-use crate::http::choices::{Choices, ChunkFormat};
+use crate::http::choices::{sse_response, Choices, ChunkFormat};
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
 use crate::logprobs;
 use crate::openapi::GenerationErrors;
+use crate::session::Echo;
 use crate::validate::{validate_chat, ValidChatRequest};
 
 /// What an engine stream that ends without its final event tells the client.
@@ -43,9 +46,15 @@ pub(crate) const LOST_STREAM: &str = "the engine ended the request without finis
 /// Creates a model response for the given chat conversation.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "generation",
     request_body = ChatCompletionRequest,
+    params(("x-session-id" = Option<String>, Header, description = "The conversation session \
+        (1 to 256 printable ASCII characters; without it, `user` names the session): the \
+        history kept for it goes before `messages`, and a successful answer is added to it, \
+        so a client sends only its new turn. Sessions belong to the API key that made them.")),
     responses(
         (status = 200, description = "The answer, or with `stream: true` server-sent events \
             of `ChatCompletionChunk`s ended by `data: [DONE]`.",
+            headers(("x-session-id" = String, description = "The session the request was \
+                answered in, when it named one.")),
             content((ChatCompletion = "application/json"), (StreamEvent = "text/event-stream"))),
         GenerationErrors,
     ),
@@ -53,11 +62,20 @@ pub(crate) const LOST_STREAM: &str = "the engine ended the request without finis
 pub async fn create(
     State(state): State<AppState>,
     admission: Admission,
-    ApiJson(request): ApiJson<ChatCompletionRequest>,
-) -> Result<Response, ApiError> {
+    headers: HeaderMap,
+    ApiJson(mut request): ApiJson<ChatCompletionRequest>,
+) -> Result<(Echo, Response), ApiError> {
+    let turn = state
+        .sessions()
+        .open(admission.caller, &headers, &mut request)
+        .await?;
+    let echo = turn.echo();
     if let Some(swarm) = state.swarm() {
         if swarm.answers(request.model.as_deref()) {
-            return crate::swarm::create(state.clone(), admission, swarm.clone(), request).await;
+            let response =
+                crate::swarm::create(state.clone(), admission, swarm.clone(), request, turn)
+                    .await?;
+            return Ok((echo, response));
         }
     }
     let model_info = state.model();
@@ -78,6 +96,8 @@ pub async fn create(
     };
     if !stream {
         let (collected, usage) = choices.collect().await?;
+        // A request in a session has one choice: the turn's answer.
+        turn.commit(&collected[0].text).await?;
         let choices = collected
             .into_iter()
             .enumerate()
@@ -91,7 +111,7 @@ pub async fn create(
                 finish_reason: choice.finish_reason.unwrap_or(api::FinishReason::Stop),
             })
             .collect();
-        return Ok(Json(ChatCompletion {
+        let completion = ChatCompletion {
             id: answer.id,
             object: "chat.completion",
             created: answer.created,
@@ -99,10 +119,11 @@ pub async fn create(
             choices,
             usage,
             swarm: None,
-        })
-        .into_response());
+        };
+        return Ok((echo, Json(completion).into_response()));
     }
-    choices.stream(answer, state.metrics().clone()).await
+    let frames = choices.stream(answer, state.metrics().clone()).await?;
+    Ok((echo, sse_response(turn.record(frames))))
 }
 
 /// What the completion, or every chunk, of one answer shares.

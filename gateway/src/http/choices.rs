@@ -231,12 +231,16 @@ impl Choices {
         Ok((choices, self.usage()))
     }
 
-    /// The answers as a server-sent events response in `format`. The headers wait for the
+    /// The answers as server-sent events in `format`, for [`sse_response`]. This waits for the
     /// first update for up to [`HEADERS_WAIT`], so that a request that fails before any output
     /// (a deadline before its first token) still gets an error status; past that (a long queue
-    /// or prefill) they go out, and keep-alive comments hold the connection open until the
-    /// first token.
-    pub async fn stream<F>(mut self, format: F, metrics: Metrics) -> Result<Response, ApiError>
+    /// or prefill) the headers go out, and keep-alive comments hold the connection open until
+    /// the first token.
+    pub async fn stream<F>(
+        mut self,
+        format: F,
+        metrics: Metrics,
+    ) -> Result<impl Stream<Item = Frame<F::Chunk>> + Send + 'static, ApiError>
     where
         F: ChunkFormat + Send + 'static,
     {
@@ -247,7 +251,7 @@ impl Choices {
         if let Some(Update::Failed { error, .. }) = first {
             return Err(error);
         }
-        Ok(sse_response(self.frames(format, first, metrics)))
+        Ok(self.frames(format, first, metrics))
     }
 
     /// The answers as server-sent events in `format`. `first` is an update already taken (so
@@ -478,6 +482,7 @@ pub(crate) mod tests {
         let response = choices
             .stream(Silent, Metrics::new())
             .await
+            .map(sse_response)
             .expect("headers go out without a first update");
         assert_eq!(response.headers()["content-type"], "text/event-stream");
         let mut body = response.into_body().into_data_stream();

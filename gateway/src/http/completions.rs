@@ -22,7 +22,7 @@ use crate::api::{self, StreamEvent};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::chat::unix_now;
-use crate::http::choices::{Choices, ChunkFormat};
+use crate::http::choices::{sse_response, Choices, ChunkFormat};
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
 use crate::logprobs::Legacy;
@@ -104,7 +104,10 @@ pub async fn create(
         })
         .into_response());
     }
-    choices.stream(answer, state.metrics().clone()).await
+    choices
+        .stream(answer, state.metrics().clone())
+        .await
+        .map(sse_response)
 }
 
 /// What the completion, or every chunk, of one answer shares.

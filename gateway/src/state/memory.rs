@@ -1,4 +1,5 @@
-//! [`MemoryStore`]: the rate-limit buckets in this process's memory, behind one mutex.
+//! [`MemoryStore`]: the rate-limit buckets and the session histories in this process's memory,
+//! each behind a mutex of its own; the histories and their bounds are [`history::Histories`].
 //!
 //! A take or give-back is a hash lookup and a little arithmetic under the lock, never an await,
 //! so the lock is never held long. Memory: one small entry per bucket name. Names come from the
@@ -7,22 +8,39 @@
 //! what an absent one starts as. The map never holds more than [`PRUNE_AT`] plus the number of
 //! buckets not yet full, whatever the traffic.
 
+mod history;
+
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures::future::{self, BoxFuture};
 
-use super::{Quota, StateStore, Take};
+use super::{HistoryLimit, Quota, StateStore, Take};
 use crate::error::ApiError;
+use history::Histories;
 
 /// Entries at which adding a bucket first prunes the full ones.
 const PRUNE_AT: usize = 1024;
 
-/// Rate-limit buckets for a single gateway process.
-#[derive(Debug, Default)]
+/// The most bytes the histories of all sessions hold together (64 MiB): past it, the least
+/// recently used go first.
+pub const HISTORY_BUDGET_BYTES: usize = 64 << 20;
+
+/// Rate-limit buckets and session histories for a single gateway process.
+#[derive(Debug)]
 pub struct MemoryStore {
     buckets: Mutex<HashMap<String, Bucket>>,
+    histories: Mutex<Histories>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self {
+            buckets: Mutex::default(),
+            histories: Mutex::new(Histories::new(HISTORY_BUDGET_BYTES)),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -109,6 +127,12 @@ impl MemoryStore {
     fn give_back_at(&self, name: &str, quota: Quota, amount: u64, now: Instant) {
         self.with_bucket(name, quota, now, |bucket| bucket.give_back(amount, now));
     }
+
+    fn histories(&self) -> MutexGuard<'_, Histories> {
+        // Every change leaves the histories whole before it can panic (only on a broken
+        // invariant), so a poisoned lock still guards a usable map.
+        self.histories.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl StateStore for MemoryStore {
@@ -129,6 +153,27 @@ impl StateStore for MemoryStore {
         amount: u64,
     ) -> BoxFuture<'a, Result<(), ApiError>> {
         self.give_back_at(name, quota, amount, Instant::now());
+        Box::pin(future::ready(Ok(())))
+    }
+
+    fn history<'a>(
+        &'a self,
+        name: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<String>, ApiError>> {
+        let entries = self.histories().read(name, ttl, Instant::now());
+        Box::pin(future::ready(Ok(entries)))
+    }
+
+    fn append_turn<'a>(
+        &'a self,
+        name: &'a str,
+        opening: &'a str,
+        turn: &'a str,
+        limit: HistoryLimit,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        self.histories()
+            .append(name, opening, turn, limit, Instant::now());
         Box::pin(future::ready(Ok(())))
     }
 }

@@ -1,19 +1,28 @@
-//! Where the gateway keeps state that outlives a request: for now, the rate-limit buckets.
+//! Where the gateway keeps state that outlives a request: the rate-limit buckets and the
+//! conversation histories of sessions.
 //!
-//! [`StateStore`] is the contract; [`memory::MemoryStore`] keeps the buckets in this process,
-//! which is right for one gateway; [`redis::RedisStore`] keeps them in Redis (`--redis URL`), so
-//! that several replicas behind a load balancer share them and a key's limits hold across
-//! replicas.
+//! [`StateStore`] is the contract; [`memory::MemoryStore`] keeps the state in this process,
+//! which is right for one gateway; [`redis::RedisStore`] keeps it in Redis (`--redis URL`), so
+//! that several replicas behind a load balancer share it: a key's limits hold across replicas,
+//! and a conversation can continue on any of them. [`open`] picks one from the configuration.
 //!
 //! The limit is a token bucket per name: it holds up to a minute's quota, refills continuously
 //! at quota / 60 per second, and a request takes its cost from it all at once or not at all.
 //! Unused cost can be given back. A store must apply each take and give-back atomically (one
 //! lock here, one script in Redis); it must never block a caller on another caller's request.
+//!
+//! A history is a list of entries, opaque texts to the store (the sessions keep JSON in them):
+//! entry 0 is the conversation's opening, kept as long as the history is, then one entry per
+//! turn, oldest first. Appending a turn is atomic and trims the history to its
+//! [`HistoryLimit`]: while its entries hold more than `max_bytes`, the oldest turn goes, though
+//! never the opening nor the turn just appended. Every read or append keeps the history for
+//! another `ttl`; one left alone that long is gone.
 
 pub mod memory;
 pub mod redis;
 
 use std::num::NonZeroU64;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -22,6 +31,16 @@ use crate::error::ApiError;
 
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
+
+/// The store `redis` names (`redis://host:port/db`), else one in this process's memory. A Redis
+/// store connects on first use; `redis` must be a valid URL ([`crate::ServeConfig::validate`]
+/// checks it).
+pub fn open(redis: Option<&str>) -> Arc<dyn StateStore> {
+    match redis {
+        Some(url) => Arc::new(RedisStore::new(url).expect("validate() checked the URL")),
+        None => Arc::new(MemoryStore::new()),
+    }
+}
 
 /// A rate: `per_minute` units a minute, in bursts of up to a minute's worth.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,8 +75,19 @@ pub enum Take {
     },
 }
 
-/// Rate-limit buckets, by name. Names are opaque to the store (the limits use
-/// `"rpm:key:1a2b…"` and the like).
+/// How long a history is kept and how much of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistoryLimit {
+    /// How long after its last read or append a history is kept.
+    pub ttl: Duration,
+    /// The most bytes its entries hold once the oldest turns are dropped (the opening and the
+    /// newest turn stay, whatever their size).
+    pub max_bytes: usize,
+}
+
+/// Rate-limit buckets and histories, by name. Names are opaque to the store (the limits use
+/// `"rpm:key:1a2b…"` and the like, the sessions `"key:1a2b…:<id>"`); a bucket and a history may
+/// share a name.
 pub trait StateStore: Send + Sync {
     /// Takes `amount` from the bucket `name` if it holds that much; a bucket seen for the first
     /// time starts full. `amount` must not exceed the quota's capacity, or it is never granted.
@@ -74,6 +104,24 @@ pub trait StateStore: Send + Sync {
         name: &'a str,
         quota: Quota,
         amount: u64,
+    ) -> BoxFuture<'a, Result<(), ApiError>>;
+
+    /// The entries of the history `name`, oldest first (the opening, then the turns); empty
+    /// when there is none. A history that exists is kept for another `ttl`.
+    fn history<'a>(
+        &'a self,
+        name: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<String>, ApiError>>;
+
+    /// Appends `turn` to the history `name`, creating it with the entry `opening` when there is
+    /// none, then trims it to `limit` and keeps it for another `limit.ttl`; all at once.
+    fn append_turn<'a>(
+        &'a self,
+        name: &'a str,
+        opening: &'a str,
+        turn: &'a str,
+        limit: HistoryLimit,
     ) -> BoxFuture<'a, Result<(), ApiError>>;
 
     /// Whether the store can serve takes now, for the readiness probe; a store in this

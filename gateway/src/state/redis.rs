@@ -1,6 +1,6 @@
-//! [`RedisStore`]: the rate-limit buckets in Redis, shared by every gateway replica that points
-//! at the same server, so a key's limit holds however many replicas serve it (60 a minute is 60
-//! a minute in all).
+//! [`RedisStore`]: the rate-limit buckets and the session histories in Redis, shared by every
+//! gateway replica that points at the same server, so a key's limit holds however many replicas
+//! serve it (60 a minute is 60 a minute in all), and a conversation continues on any replica.
 //!
 //! Each take or give-back is one Lua script ([`BUCKET`]), which Redis runs atomically: read the
 //! bucket, refill it for the time elapsed, take or give back, write it. Time is the Redis
@@ -9,10 +9,16 @@
 //! brim, since a full bucket is exactly what an absent one starts as, so Redis holds only the
 //! buckets in use.
 //!
+//! A history is a list under `swarmgate:session:<name>`, one JSON text per entry (the opening,
+//! then the turns). A read is `LRANGE` and `PEXPIRE` in one transaction; an append is one Lua
+//! script ([`APPEND_TURN`]): push, trim the oldest turns past the cap, expire. So two replicas
+//! appending to one conversation at once both land, whole, one after the other.
+//!
 //! The connection is a [`ConnectionManager`]: made lazily, shared by every request (commands are
 //! pipelined over it), and re-established after a failure. Every command has a deadline
-//! ([`TIMEOUT`]); when Redis cannot answer in time the take fails with 503
-//! `state_store_unavailable`, and the request is refused rather than let through unlimited.
+//! ([`TIMEOUT`]); when Redis cannot answer in time the take (or the history's read or append)
+//! fails with 503 `state_store_unavailable`, and the request is refused rather than let through
+//! unlimited, or answered without the conversation it continues.
 
 use std::time::Duration;
 
@@ -20,7 +26,7 @@ use futures::future::BoxFuture;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
 
-use super::{Quota, StateStore, Take};
+use super::{HistoryLimit, Quota, StateStore, Take};
 use crate::error::ApiError;
 
 /// The longest a request waits for Redis, per command and per connection attempt.
@@ -54,11 +60,40 @@ redis.call('PEXPIRE', KEYS[1], math.ceil((capacity - level) / per_second * 1000)
 return wait
 ";
 
-/// Rate-limit buckets shared through Redis; see the module header.
+/// Appends a turn to a history: `KEYS[1]` the list; `ARGV` the opening (pushed first when the
+/// list is new), the turn, the TTL in milliseconds and the most bytes the list keeps. Past that,
+/// the oldest turns go: entry 1 onwards, never the opening (entry 0) nor the newest turn.
+const APPEND_TURN: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('RPUSH', KEYS[1], ARGV[1])
+end
+redis.call('RPUSH', KEYS[1], ARGV[2])
+local max_bytes = tonumber(ARGV[4])
+local entries = redis.call('LRANGE', KEYS[1], 0, -1)
+local bytes = 0
+for _, entry in ipairs(entries) do
+  bytes = bytes + #entry
+end
+local dropped = 0
+while bytes > max_bytes and dropped + 2 < #entries do
+  bytes = bytes - #entries[dropped + 2]
+  dropped = dropped + 1
+end
+if dropped > 0 then
+  local opening = redis.call('LPOP', KEYS[1])
+  redis.call('LTRIM', KEYS[1], dropped, -1)
+  redis.call('LPUSH', KEYS[1], opening)
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return dropped
+";
+
+/// Rate-limit buckets and histories shared through Redis; see the module header.
 #[derive(Clone)]
 pub struct RedisStore {
     connection: ConnectionManager,
-    script: Script,
+    bucket: Script,
+    append_turn: Script,
 }
 
 impl RedisStore {
@@ -72,13 +107,14 @@ impl RedisStore {
             .set_number_of_retries(1);
         Ok(Self {
             connection: ConnectionManager::new_lazy_with_config(client, config)?,
-            script: Script::new(BUCKET),
+            bucket: Script::new(BUCKET),
+            append_turn: Script::new(APPEND_TURN),
         })
     }
 
     async fn run(&self, name: &str, quota: Quota, amount: u64, op: &str) -> Result<u64, ApiError> {
         let mut connection = self.connection.clone();
-        self.script
+        self.bucket
             .key(format!("swarmgate:limit:{name}"))
             .arg(quota.capacity())
             .arg(quota.per_second())
@@ -88,6 +124,18 @@ impl RedisStore {
             .await
             .map_err(unavailable)
     }
+}
+
+/// The key of the history `name`.
+fn history_key(name: &str) -> String {
+    format!("swarmgate:session:{name}")
+}
+
+/// `duration` in whole milliseconds, as `PEXPIRE` takes it (at least 1: 0 would delete the key).
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis())
+        .unwrap_or(i64::MAX)
+        .max(1)
 }
 
 fn unavailable(error: redis::RedisError) -> ApiError {
@@ -118,6 +166,48 @@ impl StateStore for RedisStore {
         amount: u64,
     ) -> BoxFuture<'a, Result<(), ApiError>> {
         Box::pin(async move { self.run(name, quota, amount, "give").await.map(drop) })
+    }
+
+    fn history<'a>(
+        &'a self,
+        name: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<String>, ApiError>> {
+        Box::pin(async move {
+            let mut connection = self.connection.clone();
+            let key = history_key(name);
+            let (entries,): (Vec<String>,) = redis::pipe()
+                .atomic()
+                .lrange(&key, 0, -1)
+                .pexpire(&key, millis(ttl))
+                .ignore()
+                .query_async(&mut connection)
+                .await
+                .map_err(unavailable)?;
+            Ok(entries)
+        })
+    }
+
+    fn append_turn<'a>(
+        &'a self,
+        name: &'a str,
+        opening: &'a str,
+        turn: &'a str,
+        limit: HistoryLimit,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        Box::pin(async move {
+            let mut connection = self.connection.clone();
+            self.append_turn
+                .key(history_key(name))
+                .arg(opening)
+                .arg(turn)
+                .arg(millis(limit.ttl))
+                .arg(limit.max_bytes)
+                .invoke_async::<u64>(&mut connection)
+                .await
+                .map(drop)
+                .map_err(unavailable)
+        })
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), ApiError>> {

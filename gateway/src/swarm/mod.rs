@@ -43,6 +43,7 @@ use crate::error::ApiError;
 use crate::http::choices::{Choices, Collected, Events};
 use crate::http::swarm::{route_response, Swarm, AUTO_MODEL, SWARM_MODEL};
 use crate::limits::Admission;
+use crate::session::Turn;
 use crate::validate::swarm::validate_route;
 use crate::validate::{validate_chat, ValidChatRequest};
 
@@ -51,12 +52,14 @@ use consensus::Consensus;
 /// Characters of a rejected answer repeated in the retry's prompt.
 const REJECTED_ANSWER_CHARS: usize = 2000;
 
-/// Answers `request`, which [`Swarm::answers`].
+/// Answers `request`, which [`Swarm::answers`], as `turn` of its session: the released answer
+/// is the one the session keeps.
 pub async fn create(
     state: AppState,
     admission: Admission,
     swarm: Swarm,
     request: ChatCompletionRequest,
+    turn: Turn,
 ) -> Result<Response, ApiError> {
     if request.options.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid(
@@ -92,23 +95,24 @@ pub async fn create(
     policy.checks.json |= wants_json(&request);
     if let Some(consensus) = consensus {
         let outcome = consensus.run(&mut run, &request, agent).await?;
+        turn.commit(&outcome.text).await?;
         return respond::whole(run, report, outcome, stream, &request);
     }
     if stream && (!policy.enabled || policy.stream_mode == router::StreamMode::Provisional) {
         let valid = run.prepare(&agent, &request, &[])?;
         let events = run.submit(&agent, &valid).await?;
         let include_usage = respond::include_usage(&request);
-        return Ok(respond::live(
-            run,
-            report,
+        let live = respond::Live {
             agent,
             policy,
             valid,
             events,
             include_usage,
-        ));
+        };
+        return Ok(respond::live(run, report, live, turn));
     }
     let outcome = run.answer(&registry, &request, agent, policy).await?;
+    turn.commit(&outcome.text).await?;
     respond::whole(run, report, outcome, stream, &request)
 }
 

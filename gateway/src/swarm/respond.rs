@@ -14,6 +14,7 @@ use crate::api::swarm::SwarmReport;
 use crate::api::{self, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest};
 use crate::http::chat::Answer;
 use crate::http::choices::{sse_response, Choices, ChunkFormat, Events, Frame, Update};
+use crate::session::Turn;
 use crate::validate::ValidChatRequest;
 
 /// The header that names the agent whose answer the response carries.
@@ -72,19 +73,29 @@ pub(crate) fn whole(
     Ok(with_agent(response, &agent))
 }
 
-/// Streams `agent`'s answer from `events` as it is generated; once it is done, verifies it
-/// under `policy` (when the policy verifies) and sends the verdict and the hops on a last chunk
-/// before `[DONE]`. The client leaving drops the receiver, which ends the task and with it the
-/// engine stream.
-pub(crate) fn live(
-    mut run: Run,
-    mut report: SwarmReport,
-    agent: AgentSpec,
-    policy: VerifierPolicy,
-    valid: ValidChatRequest,
-    events: Events,
-    include_usage: bool,
-) -> Response {
+/// An answer to stream as it is generated.
+pub(crate) struct Live {
+    pub agent: AgentSpec,
+    /// How the answer is verified once it is done.
+    pub policy: VerifierPolicy,
+    pub valid: ValidChatRequest,
+    /// The generation's events.
+    pub events: Events,
+    pub include_usage: bool,
+}
+
+/// Streams the agent's answer from its events as it is generated; once it is done, verifies it
+/// under the policy (when the policy verifies) and sends the verdict and the hops on a last
+/// chunk before `[DONE]`, which waits until the answer is kept as `turn`. The client leaving
+/// drops the receiver, which ends the task and with it the engine stream.
+pub(crate) fn live(mut run: Run, mut report: SwarmReport, live: Live, turn: Turn) -> Response {
+    let Live {
+        agent,
+        policy,
+        valid,
+        events,
+        include_usage,
+    } = live;
     let name = agent.name.to_string();
     let mut answer = Answer {
         tokenizer: valid.logprobs.map(|_| run.state.model().tokenizer.clone()),
@@ -168,7 +179,7 @@ pub(crate) fn live(
         }
     });
     with_agent(
-        sse_response(ReceiverStream::new(rx)),
+        sse_response(turn.record(ReceiverStream::new(rx))),
         &agent.name.to_string(),
     )
 }

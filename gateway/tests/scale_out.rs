@@ -369,5 +369,10 @@ async fn a_gateway_survives_losing_a_worker_and_takes_it_back() {
         "{again:?}"
     );
     let rejoined = w1.metric("swarmgate_generation_tokens_total").await;
-    assert!(rejoined > 0.0, "the restarted worker took no traffic");
+    assert!(
+        rejoined > 0.0,
+        "the restarted worker took no traffic:\n{}\n---\n{}",
+        w1.tail(),
+        gateway.tail()
+    );
 }

@@ -269,7 +269,10 @@ impl Job {
                 (None, None) => subjects.any(),
             };
             self.queue_tried |= chosen.is_none();
-            match self.offer(&subject, chosen.as_deref()).await {
+            // Counted against the worker from the choice on, so that requests chosen at the
+            // same moment spread instead of all picking the same least-loaded worker.
+            let lease = chosen.as_deref().map(|w| self.shared.workers.lease(w));
+            match self.offer(&subject, lease).await {
                 Ok(handover) => return Ok((self, handover)),
                 Err(Offer::Fatal(e)) => return Err(e),
                 Err(Offer::Skip { worker, reason }) => {
@@ -289,7 +292,8 @@ impl Job {
     }
 
     /// Offers the request on `subject` (`worker`'s own, or a queue's).
-    async fn offer(&self, subject: &str, worker: Option<&str>) -> Result<Handover, Offer> {
+    async fn offer(&self, subject: &str, lease: Option<Lease>) -> Result<Handover, Offer> {
+        let worker = lease.as_ref().map(|l| l.worker.as_str());
         let shared = &self.shared;
         let id = uuid::Uuid::new_v4().simple().to_string();
         let stream = shared.settings.subjects.stream(&shared.gateway, &id);
@@ -336,7 +340,10 @@ impl Job {
             })?;
         match protocol::decode::<Reply>(&reply.payload) {
             Ok(Reply::Accepted { worker, .. }) => Ok(Handover {
-                _lease: shared.workers.lease(&worker),
+                _lease: match lease {
+                    Some(lease) if lease.worker == worker => lease,
+                    _ => shared.workers.lease(&worker),
+                },
                 id,
                 worker,
                 batches,

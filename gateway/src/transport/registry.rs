@@ -141,7 +141,7 @@ impl Workers {
         live.into_iter().map(|(_, _, w)| w.to_owned()).collect()
     }
 
-    /// Counts a request sent to `worker` until the lease is dropped.
+    /// Counts a request for `worker` until the lease is dropped.
     pub fn lease(&self, worker: &str) -> Lease {
         let sent = self
             .lock()

@@ -348,6 +348,8 @@ impl Worker {
         let mut flush_at: Option<tokio::time::Instant> = None;
         let mut seq = 0;
         let mut last_sent = tokio::time::Instant::now();
+        // The first token goes out alone, at once: time to first token is not worth batching.
+        let mut first_token_sent = false;
         loop {
             let keepalive_at = last_sent + KEEPALIVE;
             let finished = tokio::select! {
@@ -360,7 +362,7 @@ impl Worker {
                     }
                     coalesce(&mut pending, event);
                     flush_at.get_or_insert(tokio::time::Instant::now() + FLUSH_INTERVAL);
-                    if !finished && pending_tokens < FLUSH_TOKENS {
+                    if !finished && first_token_sent && pending_tokens < FLUSH_TOKENS {
                         continue;
                     }
                     finished
@@ -382,6 +384,7 @@ impl Worker {
                 break;
             }
             seq += 1;
+            first_token_sent |= pending_tokens > 0;
             pending_tokens = 0;
             flush_at = None;
             last_sent = tokio::time::Instant::now();

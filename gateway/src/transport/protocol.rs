@@ -15,8 +15,9 @@
 //!
 //! A request is a NATS request: the worker answers it at once with a [`Reply`] (accepted, or
 //! refused with a [`RefusalCode`]), then publishes the request's events on the stream subject
-//! the [`Submit`] names: deltas coalesced into batches of up to [`FLUSH_TOKENS`] tokens or
-//! [`FLUSH_INTERVAL`], an empty batch after [`KEEPALIVE`] of silence, and the final event.
+//! the [`Submit`] names: the first token at once, then deltas coalesced into batches of up to
+//! [`FLUSH_TOKENS`] tokens or [`FLUSH_INTERVAL`], an empty batch after [`KEEPALIVE`] of
+//! silence, and the final event.
 //!
 //! Every message is JSON with a `v` field. [`decode`] checks the version before anything else
 //! and then the whole shape; subjects and names a message carries are checked too, so a worker

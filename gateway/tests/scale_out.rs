@@ -376,3 +376,144 @@ async fn a_gateway_survives_losing_a_worker_and_takes_it_back() {
         gateway.tail()
     );
 }
+
+/// A stand-in worker on `subjects` named `id`: registers with `in_flight` as its load, accepts
+/// every request sent to it and answers with `script` (its batches' events, then silence).
+async fn fake_worker(
+    client: &async_nats::Client,
+    subjects: &Subjects,
+    id: &str,
+    in_flight: usize,
+    script: Vec<Vec<Event>>,
+) -> tokio::task::JoinHandle<()> {
+    let store =
+        gateway::transport::registry::bucket(client.clone(), subjects, Duration::from_secs(30))
+            .await
+            .unwrap();
+    let beat = protocol::Heartbeat {
+        v: VERSION,
+        worker: id.into(),
+        model: support::MODEL_ID.into(),
+        agents: vec![],
+        running: 0,
+        waiting: 0,
+        in_flight,
+        free_kv_blocks: 100,
+        warm: vec![],
+    };
+    store.put(id, protocol::encode(&beat)).await.unwrap();
+    let mut requests = client.subscribe(subjects.worker(id)).await.unwrap();
+    let (client, id) = (client.clone(), id.to_owned());
+    tokio::spawn(async move {
+        while let Some(message) = requests.next().await {
+            let submit: Submit = protocol::decode(&message.payload).unwrap();
+            let accepted = Reply::Accepted {
+                v: VERSION,
+                worker: id.clone(),
+            };
+            client
+                .publish(message.reply.unwrap(), protocol::encode(&accepted))
+                .await
+                .unwrap();
+            for (seq, events) in script.iter().enumerate() {
+                let batch = Batch {
+                    v: VERSION,
+                    id: submit.id.clone(),
+                    seq: seq as u64,
+                    events: events.clone(),
+                };
+                client
+                    .publish(submit.stream.clone(), protocol::encode(&batch))
+                    .await
+                    .unwrap();
+            }
+        }
+    })
+}
+
+fn delta(text: &str) -> Event {
+    Event::Delta {
+        text: text.into(),
+        tokens: vec![42],
+        logprobs: vec![],
+    }
+}
+
+#[tokio::test]
+async fn the_gateway_hands_over_a_request_whose_worker_went_silent_before_its_first_token() {
+    use gateway::transport::{nats::Settings, Nats, Transport};
+
+    let name = cluster::cluster("handover");
+    let subjects = Subjects::new(&name).unwrap();
+    let client = nats().await;
+    let finished = Event::Finished {
+        reason: FinishReason::Stop,
+        usage: engine::Usage {
+            prompt_tokens: 3,
+            completion_tokens: 1,
+            cached_tokens: 0,
+        },
+        error: None,
+    };
+    // The least loaded worker sends only a keepalive, then nothing; the next one answers.
+    let silent = fake_worker(&client, &subjects, "silent", 0, vec![vec![]]).await;
+    let good = fake_worker(
+        &client,
+        &subjects,
+        "good",
+        5,
+        vec![vec![delta("hi"), finished.clone()]],
+    )
+    .await;
+    let model =
+        engine::ModelInfo::load(&support::models().join(format!("{}.gguf", support::MODEL_ID)))
+            .unwrap();
+    let settings = Settings {
+        subjects: subjects.clone(),
+        accept_timeout: Duration::from_secs(2),
+        stream_timeout: Duration::from_secs(1),
+        registry_ttl: Duration::from_secs(30),
+        attempts: 3,
+    };
+    let transport = Nats::connect(NATS_URL, model, settings).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !transport.is_ready() {
+        assert!(
+            Instant::now() < deadline,
+            "the registry never showed the workers"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let request = GenerateRequest::new(Prompt::Tokens(vec![1, 2, 3]));
+    let events: Vec<Event> = transport
+        .submit(None, request.clone())
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert_eq!(events, [delta("hi"), finished]);
+
+    // A worker that dies after its first token cannot be replaced: the stream ends with an
+    // error event instead.
+    silent.abort();
+    good.abort();
+    let _half = fake_worker(&client, &subjects, "half", 0, vec![vec![delta("par")]]).await;
+    let events: Vec<Event> = transport
+        .submit(None, request)
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert_eq!(events.len(), 2, "{events:?}");
+    match &events[1] {
+        Event::Finished {
+            reason: FinishReason::Error,
+            usage,
+            error: Some(error),
+        } => {
+            assert!(error.contains("mid-answer"), "{error}");
+            assert_eq!(usage.completion_tokens, 1);
+        }
+        other => panic!("{other:?}"),
+    }
+}

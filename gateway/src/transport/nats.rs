@@ -374,6 +374,8 @@ impl Job {
         let timeout = self.shared.settings.stream_timeout;
         let mut seq = 0;
         let mut generated = 0;
+        // Whether any event reached the caller (keepalives are not events).
+        let mut delivered = false;
         loop {
             let next = tokio::select! {
                 _ = events.closed() => {
@@ -391,6 +393,7 @@ impl Job {
                             if let Event::Delta { tokens, .. } = &event {
                                 generated += tokens.len();
                             }
+                            delivered = true;
                             if events.send(event).is_err() {
                                 self.cancel(&handover).await;
                                 return;
@@ -413,7 +416,7 @@ impl Job {
             tracing::warn!(worker = %handover.worker, %failure, "worker failed a request");
             self.cancel(&handover).await;
             let worker = handover.worker.clone();
-            if seq > 0 {
+            if delivered {
                 // Part of the answer is out: it cannot start over elsewhere.
                 let _ = events.send(failed(
                     format!("worker {worker} failed mid-answer: {failure}"),
@@ -429,6 +432,7 @@ impl Job {
                     tracing::info!(from = %worker, to = %next.worker, "request handed over");
                     self = job;
                     handover = next;
+                    seq = 0;
                 }
                 Err(e) => {
                     let _ = events.send(failed(

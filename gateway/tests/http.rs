@@ -8,7 +8,6 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -72,18 +71,6 @@ fn assert_envelope(body: &Value, kind: &str, param: Option<&str>) {
     assert!(error.as_object().unwrap().contains_key("code"), "{body}");
 }
 
-/// A real server on an ephemeral port, stopped when the test's runtime ends.
-async fn server(state: AppState) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(gateway::serve_on(
-        listener,
-        state,
-        std::future::pending::<()>(),
-    ));
-    addr
-}
-
 /// A request that, left alone, runs until the KV cache is full: far longer than any test waits.
 fn endless(stream: bool) -> Value {
     json!({
@@ -136,7 +123,7 @@ async fn answers_non_streaming() {
 #[tokio::test]
 async fn streams_over_a_real_server() {
     let _engine = generating().await;
-    let addr = server(state()).await;
+    let addr = support::serve(state()).await;
     let response = reqwest::Client::new()
         .post(format!("http://{addr}/v1/chat/completions"))
         .json(&chat(json!({
@@ -281,7 +268,7 @@ async fn a_client_that_disconnects_frees_the_engine() {
     let _engine = generating().await;
     let stats = engine().stats();
     let decoded_before = stats.decode_tokens.load(Ordering::Relaxed);
-    let addr = server(state()).await;
+    let addr = support::serve(state()).await;
     let response = reqwest::Client::new()
         .post(format!("http://{addr}/v1/chat/completions"))
         .json(&endless(true))
@@ -308,7 +295,7 @@ async fn a_client_that_gives_up_on_a_whole_answer_frees_the_engine() {
     let _engine = generating().await;
     let stats = engine().stats();
     let decoded_before = stats.decode_tokens.load(Ordering::Relaxed);
-    let addr = server(state()).await;
+    let addr = support::serve(state()).await;
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(300))
         .build()
@@ -478,7 +465,7 @@ async fn completions_echo_and_report_legacy_logprobs() {
 #[tokio::test]
 async fn completions_stream_every_choice_then_usage() {
     let _engine = generating().await;
-    let addr = server(state()).await;
+    let addr = support::serve(state()).await;
     let body = json!({
         "model": MODEL_ID, "prompt": ["One, two,", "Red, green,"], "max_tokens": 5,
         "temperature": 0, "stream": true, "stream_options": {"include_usage": true},

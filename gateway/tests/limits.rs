@@ -6,8 +6,9 @@
 //! a burst in one test cannot starve another's deadline, and the engine is idle when a test
 //! checks that a timed-out request freed it.
 
+mod support;
+
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::LazyLock;
@@ -113,18 +114,6 @@ fn assert_envelope(body: &str, kind: &str, code: &str) {
     assert_eq!(error["type"], kind, "{body}");
     assert_eq!(error["code"], code, "{body}");
     assert!(error.as_object().unwrap().contains_key("param"), "{body}");
-}
-
-/// A real server on an ephemeral port, stopped when the test's runtime ends.
-async fn server(state: AppState) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(gateway::serve_on(
-        listener,
-        state,
-        std::future::pending::<()>(),
-    ));
-    addr
 }
 
 /// Waits, at most 5 s, until the engine runs nothing and no sequence holds a KV block.
@@ -312,7 +301,7 @@ async fn a_burst_beyond_the_queue_is_shed_with_503_and_the_rest_complete() {
         max_queued_requests: 2,
         ..ServeConfig::default()
     });
-    let addr = server(state).await;
+    let addr = support::serve(state).await;
     let client = reqwest::Client::new();
     let url = format!("http://{addr}/v1/chat/completions");
     let burst = (0..100).map(|_| {

@@ -15,14 +15,7 @@ use support::{engine, generating};
 
 /// A real server on an ephemeral port, stopped when the test's runtime ends.
 async fn server() -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let state = AppState::new(engine().clone(), DEFAULT_MAX_BODY_BYTES);
-    tokio::spawn(gateway::serve_on(
-        listener,
-        state,
-        std::future::pending::<()>(),
-    ));
+    let addr = support::serve(AppState::new(engine().clone(), DEFAULT_MAX_BODY_BYTES)).await;
     format!("http://{addr}")
 }
 

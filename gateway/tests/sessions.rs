@@ -32,18 +32,10 @@ const QUESTION: &str = "What is my dog called?";
 /// What the answer to [`QUESTION`] names when the model saw [`FACT`].
 const RECALLED: &str = "Rex";
 
-/// A real server on an ephemeral port, stopped when the test's runtime ends.
+/// A real server on an ephemeral port with `config`, stopped when the test's runtime ends.
 async fn server(config: ServeConfig) -> SocketAddr {
     config.validate().expect("a valid test config");
-    let state = AppState::configured(engine().clone(), &config);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(gateway::serve_on(
-        listener,
-        state,
-        std::future::pending::<()>(),
-    ));
-    addr
+    support::serve(AppState::configured(engine().clone(), &config)).await
 }
 
 /// A session id no earlier run left a history under.

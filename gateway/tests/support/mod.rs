@@ -83,3 +83,15 @@ pub fn assert_cancelled(decoded_before: u64) {
         "{decoded} tokens decoded: the request ran on instead of being cancelled"
     );
 }
+
+/// A real server on an ephemeral port, stopped when the test's runtime ends.
+pub async fn serve(state: gateway::AppState) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(gateway::serve_on(
+        listener,
+        state,
+        std::future::pending::<()>(),
+    ));
+    addr
+}

@@ -67,23 +67,8 @@ fn main() -> Result<()> {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
-        Command::Serve(_) => {
-            // Re-read from the matches: which settings were given decides what the file may set.
-            let serve_matches = matches
-                .subcommand_matches("serve")
-                .expect("the serve command was parsed");
-            let config = gateway::ServeConfig::load(serve_matches)
-                .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
-            serve(config)
-        }
-        Command::Gateway(command) => {
-            let gateway_matches = matches
-                .subcommand_matches("gateway")
-                .expect("the gateway command was parsed");
-            let config = gateway::ServeConfig::load(gateway_matches)
-                .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
-            run_gateway(config, command.nats)
-        }
+        Command::Serve(_) => serve(server_config(&matches, "serve")?),
+        Command::Gateway(command) => run_gateway(server_config(&matches, "gateway")?, command.nats),
         Command::Worker(config) => run_worker(config),
         Command::Generate(args) => tools::generate::run(args),
         Command::Bench(args) => tools::bench::run(args),
@@ -92,6 +77,15 @@ fn main() -> Result<()> {
         Command::Eval(args) => tools::eval::run(args),
         Command::Loadgen(args) => tools::loadgen::run(args),
     }
+}
+
+/// The server's settings of `subcommand`, re-read from the matches: which settings were given
+/// decides what the configuration file may set.
+fn server_config(matches: &clap::ArgMatches, subcommand: &str) -> Result<gateway::ServeConfig> {
+    let matches = matches
+        .subcommand_matches(subcommand)
+        .expect("the subcommand was parsed");
+    gateway::ServeConfig::load(matches).map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))
 }
 
 /// `swarmgate gateway`'s own settings; the server's are [`gateway::ServeConfig`]'s.

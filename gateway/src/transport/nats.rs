@@ -165,11 +165,6 @@ impl Nats {
             }),
         })
     }
-
-    /// The gateway's view of the workers.
-    pub fn workers(&self) -> &Workers {
-        &self.shared.workers
-    }
 }
 
 impl Transport for Nats {

@@ -155,13 +155,6 @@ impl Workers {
         }
     }
 
-    /// Whether `worker`'s last heartbeat is younger than `ttl`.
-    pub fn is_live(&self, worker: &str, ttl: Duration) -> bool {
-        self.lock()
-            .get(worker)
-            .is_some_and(|e| e.seen.elapsed() < ttl)
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -230,8 +223,7 @@ mod tests {
         workers.beat(beat("a", 0, &[], &[]));
         workers.beat(beat("b", 0, &[], &[]));
         workers.forget("b");
-        assert!(workers.is_live("a", TTL) && !workers.is_live("b", TTL));
-        assert!(!workers.is_live("a", Duration::ZERO));
+        assert_eq!(workers.candidates("m", None, TTL, &[]), ["a"]);
         assert!(workers
             .candidates("m", None, Duration::ZERO, &[])
             .is_empty());

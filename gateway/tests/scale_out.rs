@@ -379,13 +379,14 @@ async fn a_gateway_survives_losing_a_worker_and_takes_it_back() {
 
 /// A stand-in worker on `subjects` named `id`: registers with `in_flight` as its load, accepts
 /// every request sent to it and answers with `script` (its batches' events, then silence).
+/// Returns how many requests it has accepted so far.
 async fn fake_worker(
     client: &async_nats::Client,
     subjects: &Subjects,
     id: &str,
     in_flight: usize,
     script: Vec<Vec<Event>>,
-) -> tokio::task::JoinHandle<()> {
+) -> Arc<AtomicUsize> {
     let store =
         gateway::transport::registry::bucket(client.clone(), subjects, Duration::from_secs(30))
             .await
@@ -401,18 +402,23 @@ async fn fake_worker(
         free_kv_blocks: 100,
         warm: vec![],
     };
-    store.put(id, protocol::encode(&beat)).await.unwrap();
+    // Listen before registering, as a real worker does: the gateway may pick it at once.
     let mut requests = client.subscribe(subjects.worker(id)).await.unwrap();
+    client.flush().await.unwrap();
+    store.put(id, protocol::encode(&beat)).await.unwrap();
     let (client, id) = (client.clone(), id.to_owned());
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
     tokio::spawn(async move {
         while let Some(message) = requests.next().await {
             let submit: Submit = protocol::decode(&message.payload).unwrap();
-            let accepted = Reply::Accepted {
+            count.fetch_add(1, Ordering::SeqCst);
+            let reply = Reply::Accepted {
                 v: VERSION,
                 worker: id.clone(),
             };
             client
-                .publish(message.reply.unwrap(), protocol::encode(&accepted))
+                .publish(message.reply.unwrap(), protocol::encode(&reply))
                 .await
                 .unwrap();
             for (seq, events) in script.iter().enumerate() {
@@ -428,7 +434,8 @@ async fn fake_worker(
                     .unwrap();
             }
         }
-    })
+    });
+    accepted
 }
 
 fn delta(text: &str) -> Event {
@@ -439,32 +446,10 @@ fn delta(text: &str) -> Event {
     }
 }
 
-#[tokio::test]
-async fn the_gateway_hands_over_a_request_whose_worker_went_silent_before_its_first_token() {
+/// The gateway's NATS transport on `subjects`, once its registry shows a live worker.
+async fn gateway_transport(subjects: &Subjects) -> gateway::transport::Nats {
     use gateway::transport::{nats::Settings, Nats, Transport};
 
-    let name = cluster::cluster("handover");
-    let subjects = Subjects::new(&name).unwrap();
-    let client = nats().await;
-    let finished = Event::Finished {
-        reason: FinishReason::Stop,
-        usage: engine::Usage {
-            prompt_tokens: 3,
-            completion_tokens: 1,
-            cached_tokens: 0,
-        },
-        error: None,
-    };
-    // The least loaded worker sends only a keepalive, then nothing; the next one answers.
-    let silent = fake_worker(&client, &subjects, "silent", 0, vec![vec![]]).await;
-    let good = fake_worker(
-        &client,
-        &subjects,
-        "good",
-        5,
-        vec![vec![delta("hi"), finished.clone()]],
-    )
-    .await;
     let model =
         engine::ModelInfo::load(&support::models().join(format!("{}.gguf", support::MODEL_ID)))
             .unwrap();
@@ -484,6 +469,37 @@ async fn the_gateway_hands_over_a_request_whose_worker_went_silent_before_its_fi
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    transport
+}
+
+#[tokio::test]
+async fn the_gateway_hands_over_a_request_whose_worker_went_silent_before_its_first_token() {
+    use gateway::transport::Transport;
+
+    let subjects = Subjects::new(&cluster::cluster("handover")).unwrap();
+    let client = nats().await;
+    let finished = Event::Finished {
+        reason: FinishReason::Stop,
+        usage: engine::Usage {
+            prompt_tokens: 3,
+            completion_tokens: 1,
+            cached_tokens: 0,
+        },
+        error: None,
+    };
+    // The least loaded worker sends only a keepalive, then nothing; the next one answers.
+    // (Registered in this order, so a registry the transport has seen only in part holds the
+    // silent one.)
+    let silent = fake_worker(&client, &subjects, "silent", 0, vec![vec![]]).await;
+    let good = fake_worker(
+        &client,
+        &subjects,
+        "good",
+        5,
+        vec![vec![delta("hi"), finished.clone()]],
+    )
+    .await;
+    let transport = gateway_transport(&subjects).await;
     let request = GenerateRequest::new(Prompt::Tokens(vec![1, 2, 3]));
     let events: Vec<Event> = transport
         .submit(None, request.clone())
@@ -492,12 +508,17 @@ async fn the_gateway_hands_over_a_request_whose_worker_went_silent_before_its_fi
         .collect()
         .await;
     assert_eq!(events, [delta("hi"), finished]);
+    assert_eq!(
+        (silent.load(Ordering::SeqCst), good.load(Ordering::SeqCst)),
+        (1, 1),
+        "the least loaded worker first, then the other"
+    );
 
     // A worker that dies after its first token cannot be replaced: the stream ends with an
-    // error event instead.
-    silent.abort();
-    good.abort();
+    // error event instead. (Its own cluster, so that the transport has surely seen it.)
+    let subjects = Subjects::new(&cluster::cluster("midanswer")).unwrap();
     let _half = fake_worker(&client, &subjects, "half", 0, vec![vec![delta("par")]]).await;
+    let transport = gateway_transport(&subjects).await;
     let events: Vec<Event> = transport
         .submit(None, request)
         .await

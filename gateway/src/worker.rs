@@ -36,7 +36,7 @@ use crate::swarm::pins::Pins;
 use crate::transport::nats::NatsArgs;
 use crate::transport::protocol::{
     self, Batch, Cancel, Heartbeat, RefusalCode, Reply, Subjects, Submit, FLUSH_INTERVAL,
-    FLUSH_TOKENS, KEEPALIVE, QUEUE_GROUP, VERSION,
+    FLUSH_TOKENS, KEEPALIVE, QUEUE_GROUP, READER_PROBE, VERSION,
 };
 use crate::transport::registry;
 
@@ -334,15 +334,41 @@ impl Worker {
         })
     }
 
-    /// Publishes a request's events in batches until its final event, a cancel, or a failure to
-    /// publish (the request is then dropped, which cancels it in the engine).
+    /// Publishes a request's events until it ends, then forgets the request.
     async fn publish(
         self: Arc<Self>,
         id: String,
         subject: String,
+        events: impl futures::Stream<Item = Result<Event, crate::ApiError>> + Unpin,
+        cancelled: oneshot::Receiver<()>,
+    ) {
+        self.send_batches(&id, subject, events, cancelled).await;
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Publishes a request's events in batches until its final event, a cancel, a failure to
+    /// publish, or a probe finding nobody reading the stream (the request is then dropped, which
+    /// cancels it in the engine).
+    async fn send_batches(
+        &self,
+        id: &str,
+        subject: String,
         mut events: impl futures::Stream<Item = Result<Event, crate::ApiError>> + Unpin,
         mut cancelled: oneshot::Receiver<()>,
     ) {
+        let probes = self.client.new_inbox();
+        let mut probe_answers = match self.client.subscribe(probes.clone()).await {
+            Ok(answers) => answers,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot subscribe; cancelling the request");
+                return;
+            }
+        };
+        let mut last_probe = tokio::time::Instant::now();
         let mut pending: Vec<Event> = Vec::new();
         let mut pending_tokens = 0;
         let mut flush_at: Option<tokio::time::Instant> = None;
@@ -353,7 +379,7 @@ impl Worker {
         loop {
             let keepalive_at = last_sent + KEEPALIVE;
             let finished = tokio::select! {
-                _ = &mut cancelled => break,
+                _ = &mut cancelled => return,
                 event = events.next() => {
                     let event = event.and_then(Result::ok).unwrap_or_else(lost_stream);
                     let finished = matches!(event, Event::Finished { .. });
@@ -368,20 +394,34 @@ impl Worker {
                     finished
                 }
                 _ = tokio::time::sleep_until(flush_at.unwrap_or(keepalive_at)) => false,
+                answer = probe_answers.next() => {
+                    let no_reader = answer
+                        .is_none_or(|a| a.status == Some(async_nats::StatusCode::NO_RESPONDERS));
+                    if no_reader {
+                        tracing::info!(request = %id, "nobody reads the request's stream; cancelling it");
+                        return;
+                    }
+                    continue;
+                }
             };
-            let batch = Batch {
+            let batch = protocol::encode(&Batch {
                 v: VERSION,
-                id: id.clone(),
+                id: id.to_owned(),
                 seq,
                 events: std::mem::take(&mut pending),
+            });
+            let sent = if last_probe.elapsed() >= READER_PROBE {
+                last_probe = tokio::time::Instant::now();
+                let reply = probes.clone();
+                self.client
+                    .publish_with_reply(subject.clone(), reply, batch)
+                    .await
+            } else {
+                self.client.publish(subject.clone(), batch).await
             };
-            if let Err(e) = self
-                .client
-                .publish(subject.clone(), protocol::encode(&batch))
-                .await
-            {
+            if let Err(e) = sent {
                 tracing::warn!(error = %e, "cannot publish a batch; cancelling the request");
-                break;
+                return;
             }
             seq += 1;
             first_token_sent |= pending_tokens > 0;
@@ -389,14 +429,9 @@ impl Worker {
             flush_at = None;
             last_sent = tokio::time::Instant::now();
             if finished {
-                break;
+                return;
             }
         }
-        self.running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Handles a cancel message: the request's task stops and drops its stream.

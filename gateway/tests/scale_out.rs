@@ -90,7 +90,7 @@ async fn read_to_end(batches: &mut async_nats::Subscriber, id: &str) -> (Vec<u32
 }
 
 #[tokio::test]
-async fn a_worker_refuses_bad_messages_and_keeps_serving_cancels_and_drains() {
+async fn a_worker_refuses_bad_messages_and_stops_on_cancels_lost_readers_and_drains() {
     let name = cluster::cluster("protocol");
     let subjects = Subjects::new(&name).unwrap();
     let mut worker = cluster::worker(&name, "w1", &[]).await;
@@ -175,23 +175,19 @@ async fn a_worker_refuses_bad_messages_and_keeps_serving_cancels_and_drains() {
         .publish(subjects.cancel("w1"), protocol::encode(&cancel))
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let health: Value = reqwest::get(worker.url("/health"))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if health["in_flight"] == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the cancel was ignored: {health}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_idle(&worker, "the cancel was ignored").await;
+
+    // A gateway that stops reading without a cancel (it died, or the cancel was lost): the
+    // worker's probe finds nobody on the stream and the request stops there too.
+    let orphan = submit(&subjects, "r5b", 2000);
+    let mut batches = client.subscribe(orphan.stream.clone()).await.unwrap();
+    assert!(matches!(
+        offer(&client, &direct, encode(&orphan)).await,
+        Reply::Accepted { .. }
+    ));
+    batches.next().await.expect("a first batch");
+    batches.unsubscribe().await.unwrap();
+    wait_idle(&worker, "the orphaned request ran on").await;
 
     // SIGTERM while a request runs: it still finishes, the worker leaves the subjects (a new
     // request finds no one), then exits cleanly.
@@ -217,6 +213,25 @@ async fn a_worker_refuses_bad_messages_and_keeps_serving_cancels_and_drains() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "{status}:\n{}", worker.tail());
+}
+
+/// Waits at most 5 s for `worker` to have no request in flight; fails with `why` otherwise.
+/// (A 2000-token request runs for far longer.)
+async fn wait_idle(worker: &cluster::Process, why: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let health: Value = reqwest::get(worker.url("/health"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if health["in_flight"] == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{why}: {health}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// How one streamed request ended, as the client saw it.

@@ -17,7 +17,9 @@
 //! refused with a [`RefusalCode`]), then publishes the request's events on the stream subject
 //! the [`Submit`] names: the first token at once, then deltas coalesced into batches of up to
 //! [`FLUSH_TOKENS`] tokens or [`FLUSH_INTERVAL`], an empty batch after [`KEEPALIVE`] of
-//! silence, and the final event.
+//! silence, and the final event. At most once per [`READER_PROBE`] a batch carries a reply
+//! subject that nobody answers: if no one reads the stream subject any more (the gateway died,
+//! or its cancel was lost), NATS answers "no responders" there and the worker stops the request.
 //!
 //! Every message is JSON with a `v` field. [`decode`] checks the version before anything else
 //! and then the whole shape; subjects and names a message carries are checked too, so a worker
@@ -44,6 +46,9 @@ pub const FLUSH_INTERVAL: Duration = Duration::from_millis(15);
 /// A worker sends an empty batch after this long without sending anything for a request, so
 /// the gateway can tell a long prefill from a dead worker.
 pub const KEEPALIVE: Duration = Duration::from_millis(500);
+
+/// How often a worker checks that somebody still reads a request's stream.
+pub const READER_PROBE: Duration = Duration::from_secs(1);
 
 /// The subjects and the registry bucket of one cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,8 +3,9 @@
 //!
 //! At start-up the worker loads its engine, pins the system prompts of the answering agents it
 //! hosts (`--agents`, else every agent of the swarm file), subscribes to their subjects (and to
-//! requests for no agent) in the workers' queue group, to its own subject and to its cancel
-//! subject, and starts heartbeating into the registry. Each request is checked (version, shape,
+//! requests for no agent) in the workers' queue group, to its own subject, to its cancel
+//! subject and to the answers to its reader probes (see [`crate::transport::protocol`]), and
+//! starts heartbeating into the registry. Each request is checked (version, shape,
 //! names), answered at once with an acceptance or a refusal, and its events published in
 //! batches on the subject it names; a malformed message is logged and refused, never fatal.
 //! `/metrics` and `/health` are served on `--port` for Prometheus and probes.
@@ -80,6 +81,8 @@ struct Worker {
     metrics: Metrics,
     /// Cancel handles of the requests in flight, by request id.
     running: Mutex<HashMap<String, oneshot::Sender<()>>>,
+    /// The reply subjects of reader probes are this, `.`, the request's id.
+    probe_inbox: String,
     in_flight: AtomicUsize,
     draining: AtomicBool,
 }
@@ -127,6 +130,7 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
         client: client.clone(),
         metrics: Metrics::new(),
         running: Mutex::new(HashMap::new()),
+        probe_inbox: client.new_inbox(),
         in_flight: AtomicUsize::new(0),
         draining: AtomicBool::new(false),
     });
@@ -142,6 +146,9 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
     }
     requests.push(client.subscribe(subjects.worker(&id)).await?);
     let mut cancels = client.subscribe(subjects.cancel(&id)).await?;
+    let mut probe_answers = client
+        .subscribe(format!("{}.*", worker.probe_inbox))
+        .await?;
 
     let beat = {
         let worker = worker.clone();
@@ -182,6 +189,7 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
             _ = &mut shutdown => break,
             Some(message) = requests.next() => worker.clone().take(message).await,
             Some(message) = cancels.next() => worker.cancel(&message.payload),
+            Some(message) = probe_answers.next() => worker.probed(&message),
             else => break,
         }
     }
@@ -204,6 +212,7 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
     loop {
         tokio::select! {
             Some(message) = cancels.next() => worker.cancel(&message.payload),
+            Some(message) = probe_answers.next() => worker.probed(&message),
             _ = tokio::time::sleep(Duration::from_millis(50)) => {}
         }
         let left = worker.in_flight.load(Ordering::SeqCst);
@@ -334,40 +343,17 @@ impl Worker {
         })
     }
 
-    /// Publishes a request's events until it ends, then forgets the request.
+    /// Publishes a request's events in batches until its final event, a cancel (from the
+    /// gateway, or a probe finding nobody reading the stream), or a failure to publish (the
+    /// request is then dropped, which cancels it in the engine).
     async fn publish(
         self: Arc<Self>,
         id: String,
         subject: String,
-        events: impl futures::Stream<Item = Result<Event, crate::ApiError>> + Unpin,
-        cancelled: oneshot::Receiver<()>,
-    ) {
-        self.send_batches(&id, subject, events, cancelled).await;
-        self.running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    /// Publishes a request's events in batches until its final event, a cancel, a failure to
-    /// publish, or a probe finding nobody reading the stream (the request is then dropped, which
-    /// cancels it in the engine).
-    async fn send_batches(
-        &self,
-        id: &str,
-        subject: String,
         mut events: impl futures::Stream<Item = Result<Event, crate::ApiError>> + Unpin,
         mut cancelled: oneshot::Receiver<()>,
     ) {
-        let probes = self.client.new_inbox();
-        let mut probe_answers = match self.client.subscribe(probes.clone()).await {
-            Ok(answers) => answers,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot subscribe; cancelling the request");
-                return;
-            }
-        };
+        let probe = format!("{}.{id}", self.probe_inbox);
         let mut last_probe = tokio::time::Instant::now();
         let mut pending: Vec<Event> = Vec::new();
         let mut pending_tokens = 0;
@@ -379,7 +365,7 @@ impl Worker {
         loop {
             let keepalive_at = last_sent + KEEPALIVE;
             let finished = tokio::select! {
-                _ = &mut cancelled => return,
+                _ = &mut cancelled => break,
                 event = events.next() => {
                     let event = event.and_then(Result::ok).unwrap_or_else(lost_stream);
                     let finished = matches!(event, Event::Finished { .. });
@@ -394,34 +380,24 @@ impl Worker {
                     finished
                 }
                 _ = tokio::time::sleep_until(flush_at.unwrap_or(keepalive_at)) => false,
-                answer = probe_answers.next() => {
-                    let no_reader = answer
-                        .is_none_or(|a| a.status == Some(async_nats::StatusCode::NO_RESPONDERS));
-                    if no_reader {
-                        tracing::info!(request = %id, "nobody reads the request's stream; cancelling it");
-                        return;
-                    }
-                    continue;
-                }
             };
             let batch = protocol::encode(&Batch {
                 v: VERSION,
-                id: id.to_owned(),
+                id: id.clone(),
                 seq,
                 events: std::mem::take(&mut pending),
             });
             let sent = if last_probe.elapsed() >= READER_PROBE {
                 last_probe = tokio::time::Instant::now();
-                let reply = probes.clone();
                 self.client
-                    .publish_with_reply(subject.clone(), reply, batch)
+                    .publish_with_reply(subject.clone(), probe.clone(), batch)
                     .await
             } else {
                 self.client.publish(subject.clone(), batch).await
             };
             if let Err(e) = sent {
                 tracing::warn!(error = %e, "cannot publish a batch; cancelling the request");
-                return;
+                break;
             }
             seq += 1;
             first_token_sent |= pending_tokens > 0;
@@ -429,25 +405,49 @@ impl Worker {
             flush_at = None;
             last_sent = tokio::time::Instant::now();
             if finished {
-                return;
+                break;
             }
+        }
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Handles a cancel message.
+    fn cancel(&self, payload: &[u8]) {
+        match protocol::decode::<Cancel>(payload) {
+            Ok(cancel) => self.stop(&cancel.id),
+            Err(e) => tracing::warn!(error = %e, "bad cancel message ignored"),
         }
     }
 
-    /// Handles a cancel message: the request's task stops and drops its stream.
-    fn cancel(&self, payload: &[u8]) {
-        match protocol::decode::<Cancel>(payload) {
-            Ok(cancel) => {
-                let handle = self
-                    .running
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&cancel.id);
-                if let Some(handle) = handle {
-                    let _ = handle.send(());
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "bad cancel message ignored"),
+    /// Handles the answer to a reader probe: NATS's "no responders" means nobody reads the
+    /// request's stream any more.
+    fn probed(&self, answer: &async_nats::Message) {
+        if answer.status != Some(async_nats::StatusCode::NO_RESPONDERS) {
+            return;
+        }
+        let id = answer
+            .subject
+            .strip_prefix(self.probe_inbox.as_str())
+            .and_then(|rest| rest.strip_prefix('.'));
+        if let Some(id) = id {
+            tracing::info!(request = %id, "nobody reads the request's stream; cancelling it");
+            self.stop(id);
+        }
+    }
+
+    /// Stops the request `id` if it is in flight: its task ends and drops its stream.
+    fn stop(&self, id: &str) {
+        let handle = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+        if let Some(handle) = handle {
+            let _ = handle.send(());
         }
     }
 }

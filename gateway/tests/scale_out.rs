@@ -36,6 +36,18 @@ async fn offer(client: &async_nats::Client, subject: &str, payload: Vec<u8>) -> 
     protocol::decode(&reply.payload).expect("a readable reply")
 }
 
+/// Offers `submit` on `subject` and returns its stream, once the worker accepted it.
+async fn start(
+    client: &async_nats::Client,
+    subject: &str,
+    submit: &Submit,
+) -> async_nats::Subscriber {
+    let batches = client.subscribe(submit.stream.clone()).await.unwrap();
+    let reply = offer(client, subject, encode(submit)).await;
+    assert!(matches!(reply, Reply::Accepted { .. }), "{reply:?}");
+    batches
+}
+
 fn refusal(reply: Reply) -> RefusalCode {
     match reply {
         Reply::Refused { code, .. } => code,
@@ -161,11 +173,7 @@ async fn a_worker_refuses_bad_messages_and_stops_on_cancels_lost_readers_and_dra
 
     // A cancel stops a long request on the worker.
     let long = submit(&subjects, "r5", 2000);
-    let mut batches = client.subscribe(long.stream.clone()).await.unwrap();
-    assert!(matches!(
-        offer(&client, &direct, encode(&long)).await,
-        Reply::Accepted { .. }
-    ));
+    let mut batches = start(&client, &direct, &long).await;
     batches.next().await.expect("a first batch");
     let cancel = Cancel {
         v: VERSION,
@@ -180,11 +188,7 @@ async fn a_worker_refuses_bad_messages_and_stops_on_cancels_lost_readers_and_dra
     // A gateway that stops reading without a cancel (it died, or the cancel was lost): the
     // worker's probe finds nobody on the stream and the request stops there too.
     let orphan = submit(&subjects, "r5b", 2000);
-    let mut batches = client.subscribe(orphan.stream.clone()).await.unwrap();
-    assert!(matches!(
-        offer(&client, &direct, encode(&orphan)).await,
-        Reply::Accepted { .. }
-    ));
+    let mut batches = start(&client, &direct, &orphan).await;
     batches.next().await.expect("a first batch");
     batches.unsubscribe().await.unwrap();
     wait_idle(&worker, "the orphaned request ran on").await;
@@ -192,11 +196,7 @@ async fn a_worker_refuses_bad_messages_and_stops_on_cancels_lost_readers_and_dra
     // SIGTERM while a request runs: it still finishes, the worker leaves the subjects (a new
     // request finds no one), then exits cleanly.
     let last = submit(&subjects, "r6", 48);
-    let mut batches = client.subscribe(last.stream.clone()).await.unwrap();
-    assert!(matches!(
-        offer(&client, &direct, encode(&last)).await,
-        Reply::Accepted { .. }
-    ));
+    let mut batches = start(&client, &direct, &last).await;
     worker.terminate();
     let (tokens, _) = read_to_end(&mut batches, "r6").await;
     assert_eq!(tokens.len(), 48, "the request in flight finished");

@@ -268,7 +268,7 @@ impl Turn {
             text: String::new(),
             finished: false,
             failed: false,
-            last: None,
+            first: None,
         };
         frames
             .then(move |frame| {
@@ -280,7 +280,7 @@ impl Turn {
                     Frame::Done => recording.take(),
                 };
                 async move {
-                    let Some((turn, text, last)) = commit else {
+                    let Some((turn, text, first)) = commit else {
                         return vec![frame];
                     };
                     match turn.commit(&text).await {
@@ -292,7 +292,7 @@ impl Turn {
                                 usage: None,
                                 error: Some(error.body()),
                                 swarm: None,
-                                ..last
+                                ..first
                             };
                             vec![Frame::Chunk(failed), frame]
                         }
@@ -310,8 +310,8 @@ struct Recording {
     text: String,
     finished: bool,
     failed: bool,
-    /// The last chunk, whose id, model and time an error chunk takes.
-    last: Option<ChatCompletionChunk>,
+    /// The first chunk, whose id, model and time (every chunk's) an error chunk takes.
+    first: Option<ChatCompletionChunk>,
 }
 
 impl Recording {
@@ -327,16 +327,18 @@ impl Recording {
                 None => {}
             }
         }
-        self.last = Some(chunk.clone());
+        if self.first.is_none() {
+            self.first = Some(chunk.clone());
+        }
     }
 
-    /// The turn to commit, its answer and the last chunk, once, if the answer finished well.
+    /// The turn to commit, its answer and the first chunk, once, if the answer finished well.
     fn take(&mut self) -> Option<(Turn, String, ChatCompletionChunk)> {
         if !self.finished || self.failed {
             return None;
         }
         let text = std::mem::take(&mut self.text);
-        Some((self.turn.take()?, text, self.last.take()?))
+        Some((self.turn.take()?, text, self.first.take()?))
     }
 }
 

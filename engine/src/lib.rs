@@ -71,6 +71,10 @@ pub struct ModelInfo {
     pub context_length: usize,
     /// Tokens the KV cache can hold in all.
     pub kv_capacity_tokens: usize,
+    /// The end-of-sequence tokens.
+    pub eos: Vec<u32>,
+    /// The grammar compiler for constrained output, with its cache.
+    pub grammars: Arc<constraint::Grammars>,
 }
 
 impl ModelInfo {
@@ -92,12 +96,18 @@ impl ModelInfo {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into());
+        let tokenizer = Arc::new(model::tokenizer::tokenizer_from_gguf(gguf.content())?);
+        let eos = vec![gguf.u32("tokenizer.ggml.eos_token_id")?];
+        let grammars = constraint::Grammars::new(tokenizer.clone(), eos[0], 0)
+            .map_err(|e| EngineError::Tokenizer(format!("grammar vocabulary: {e}")))?;
         Ok(Self {
             id,
-            tokenizer: Arc::new(model::tokenizer::tokenizer_from_gguf(gguf.content())?),
+            tokenizer,
             chat_template: ChatTemplate::from_gguf(gguf.content())?,
             context_length,
             kv_capacity_tokens: kv_capacity_tokens.unwrap_or(context_length),
+            eos,
+            grammars: Arc::new(grammars),
         })
     }
 
@@ -147,6 +157,13 @@ impl ModelInfo {
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
         self.chat_template.render(messages, true)
     }
+
+    /// Compiles `format` into one sequence's constraint (`None` for free text).
+    pub fn constraint(&self, format: &ResponseFormat) -> Result<Option<constraint::Constraint>> {
+        self.grammars
+            .compile(format)
+            .map_err(|e| EngineError::InvalidRequest(format!("response_format: {e}")))
+    }
 }
 
 /// Runs generation requests: the engine in this process ([`EngineHandle`]), or engines reached
@@ -191,7 +208,6 @@ impl EngineHandle {
     pub fn start(config: &EngineConfig) -> Result<Self> {
         config.validate().map_err(EngineError::InvalidRequest)?;
         let mut gguf = Gguf::open(&config.model)?;
-        let eos = vec![gguf.u32("tokenizer.ggml.eos_token_id")?];
         let llama = Llama::load(&mut gguf)?;
         let layout = llama.config().kv_layout(config.block_size);
         let num_blocks = config
@@ -218,6 +234,7 @@ impl EngineHandle {
         let model_info =
             ModelInfo::from_gguf(&gguf, &config.model, Some(num_blocks * config.block_size))?;
         let tokenizer = model_info.tokenizer.clone();
+        let eos = model_info.eos.clone();
         let kv = KvConfig {
             num_blocks,
             block_size: config.block_size,
@@ -231,16 +248,6 @@ impl EngineHandle {
             block_size: config.block_size,
             watermark_blocks: (num_blocks / 100).max(1),
         };
-        let token_bytes = Arc::new(
-            (0..tokenizer.get_vocab_size(true) as u32)
-                .map(|id| {
-                    let special = tokenizer.get_added_tokens_decoder().contains_key(&id);
-                    (!special)
-                        .then(|| model::tokenizer::token_bytes(&tokenizer, id))
-                        .flatten()
-                })
-                .collect(),
-        );
         let stats = Arc::new(EngineStats::default());
         let (tx, rx) = std::sync::mpsc::channel();
         let pool = rayon::ThreadPoolBuilder::new()
@@ -253,7 +260,6 @@ impl EngineHandle {
             .name("swarmgate-engine".into())
             .spawn(move || {
                 let setup = WorkerSetup {
-                    token_bytes,
                     model: llama,
                     storage,
                     host,
@@ -297,10 +303,12 @@ impl EngineHandle {
         self.shared.model.render_chat(messages)
     }
 
-    /// Validates and queues a request. Fails at once, without queueing, when the request can
-    /// never be served or the engine is full.
+    /// Validates and queues a request, compiling its grammar here (on the caller's thread, not
+    /// the engine loop's). Fails at once, without queueing, when the request can never be served
+    /// or the engine is full.
     pub fn submit(&self, request: GenerateRequest) -> Result<EventStream> {
         let prompt = self.shared.model.check(&request)?;
+        let constraint = self.shared.model.constraint(&request.response_format)?;
         let slot =
             QueueSlot::try_take(&self.shared.queued, self.shared.max_queued).ok_or_else(|| {
                 EngineError::Overloaded(format!(
@@ -317,6 +325,7 @@ impl EngineHandle {
                 id,
                 prompt,
                 request,
+                constraint,
                 events,
                 slot,
             })))

@@ -128,15 +128,24 @@ pub struct GenerateRequest {
     pub score_tokens: Vec<u32>,
 }
 
-/// A constraint on the generated text.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// A constraint on the generated text, enforced token by token ([`crate::constraint`]): the
+/// answer is valid by construction unless `max_tokens` cuts it short, and the sequence ends as
+/// soon as the grammar is complete.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ResponseFormat {
     #[default]
     Text,
-    /// A single JSON object: only tokens that keep the text a prefix of one are sampled, and the
-    /// sequence ends only once the object is complete.
+    /// A single JSON object (OpenAI's JSON mode).
     JsonObject,
+    /// A JSON value valid against `schema`. `strict`: a keyword that cannot be enforced is an
+    /// error; otherwise it is dropped, with a warning.
+    JsonSchema {
+        schema: serde_json::Value,
+        strict: bool,
+    },
+    /// A grammar in llguidance's Lark dialect (which embeds JSON schemas with `%json`).
+    Lark(String),
 }
 
 impl GenerateRequest {

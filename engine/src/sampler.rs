@@ -10,9 +10,11 @@
 //! OpenAI reports them, not of the filtered distribution that was sampled. A prompt token is
 //! scored by the same code ([`logprob_at`]) from the logits at the position before it.
 //!
-//! With a [`JsonObject`] constraint, a candidate the constraint refuses is masked out and the
-//! choice made again (same rule, the generator's next draw), so the cost stays a few checks per
-//! token; after [`MAX_REJECTIONS`] refusals every refused token is masked at once.
+//! With a [`Constraint`], the token the rule above chooses is checked against the grammar first
+//! (one parser step); only if the grammar refuses it is the full mask computed and the choice
+//! made again among the allowed tokens (same rule, the generator's next draw). A model that
+//! follows its instructions thus rarely pays for a mask. Once the grammar is complete the
+//! end-of-sequence token is the only choice.
 //!
 //! Cost: O(vocab) per token. The nucleus (top_p) is found by partial selection of growing
 //! candidate sets rather than a full sort of the vocabulary.
@@ -22,7 +24,7 @@ use std::collections::{HashMap, HashSet};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::constraint::{JsonObject, MAX_REJECTIONS};
+use crate::constraint::{Constraint, GrammarError};
 use crate::request::{SamplingParams, TokenLogprob};
 
 /// The token chosen, and its log-probabilities when they were asked for.
@@ -42,7 +44,11 @@ pub struct Sampler {
     prompt_tokens: HashSet<u32>,
     /// How often each token was generated, for all three penalties.
     output_counts: HashMap<u32, u32>,
-    constraint: Option<JsonObject>,
+    constraint: Option<Constraint>,
+    /// The token that ends a constrained answer.
+    eos: u32,
+    /// Set when the constraint failed; the sequence must end with an error.
+    constraint_error: Option<GrammarError>,
 }
 
 impl Sampler {
@@ -61,6 +67,8 @@ impl Sampler {
             prompt_tokens,
             output_counts: HashMap::new(),
             constraint: None,
+            eos: 0,
+            constraint_error: None,
         }
     }
 
@@ -70,10 +78,21 @@ impl Sampler {
         self
     }
 
-    /// Samples only what `constraint` allows.
-    pub fn with_constraint(mut self, constraint: JsonObject) -> Self {
+    /// Samples only what `constraint` allows; `eos` ends the answer once it is complete.
+    pub fn with_constraint(mut self, constraint: Constraint, eos: u32) -> Self {
         self.constraint = Some(constraint);
+        self.eos = eos;
         self
+    }
+
+    /// Whether a grammar constrains the output.
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// Why the constraint failed, if it did (the last token sampled is then meaningless).
+    pub fn constraint_error(&self) -> Option<&GrammarError> {
+        self.constraint_error.as_ref()
     }
 
     /// Picks the next token from `logits` (overwritten as scratch) and records it as generated.
@@ -85,8 +104,16 @@ impl Sampler {
         let token = match self.constraint.take() {
             None => self.choose(logits),
             Some(mut constraint) => {
-                let token = self.choose_allowed(logits, &constraint);
-                constraint.accept(token);
+                let token = if constraint.is_done() {
+                    self.eos
+                } else {
+                    self.choose_allowed(logits, &mut constraint)
+                        .and_then(|t| constraint.accept(t).map(|()| t))
+                        .unwrap_or_else(|e| {
+                            self.constraint_error = Some(e);
+                            self.eos
+                        })
+                };
                 self.constraint = Some(constraint);
                 token
             }
@@ -131,25 +158,24 @@ impl Sampler {
         }
     }
 
-    /// Chooses as [`Sampler::choose`] would among the tokens `constraint` allows: refused
-    /// candidates are masked one by one, then, after too many, every refused token at once.
-    fn choose_allowed(&mut self, logits: &mut [f32], constraint: &JsonObject) -> u32 {
-        let mut masked = logits.to_vec();
-        for _ in 0..MAX_REJECTIONS {
-            logits.copy_from_slice(&masked);
-            let token = self.choose(logits);
-            if constraint.allows(token) {
-                return token;
-            }
-            masked[token as usize] = f32::NEG_INFINITY;
+    /// Chooses as [`Sampler::choose`] would among the tokens `constraint` allows: the
+    /// unconstrained choice when the grammar takes it, else a choice under the full mask.
+    fn choose_allowed(
+        &mut self,
+        logits: &mut [f32],
+        constraint: &mut Constraint,
+    ) -> Result<u32, GrammarError> {
+        let original = logits.to_vec();
+        let token = self.choose(logits);
+        if constraint.allows(token) {
+            return Ok(token);
         }
-        for (t, l) in masked.iter_mut().enumerate() {
-            if !constraint.allows(t as u32) {
-                *l = f32::NEG_INFINITY;
-            }
+        logits.copy_from_slice(&original);
+        constraint.mask(logits)?;
+        if logits.iter().all(|&l| l == f32::NEG_INFINITY) {
+            return Err(GrammarError("the grammar allows no token here".into()));
         }
-        logits.copy_from_slice(&masked);
-        self.choose(logits)
+        Ok(self.choose(logits))
     }
 
     /// Temperature, filters, one draw.

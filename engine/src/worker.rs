@@ -22,16 +22,15 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use rayon::prelude::*;
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::constraint::{JsonObject, TokenBytes};
+use crate::constraint::Constraint;
 use crate::kv_cache::{BlockKey, HostStore, KvConfig, KvCounters, KvGauges, KvManager, KvStorage};
 use crate::model::{ForwardBatch, Llama, Logits};
-use crate::request::{
-    Event, FinishReason, GenerateRequest, RequestId, ResponseFormat, TokenLogprob, Usage,
-};
-use crate::sampler::{self, Sampler};
+use crate::request::{Event, FinishReason, GenerateRequest, RequestId, TokenLogprob, Usage};
+use crate::sampler::{self, Sampled, Sampler};
 use crate::scheduler::{PlanItem, Scheduler, SchedulerConfig, StepPlan};
 use crate::sequence::Sequence;
 use crate::stop::TextStream;
@@ -41,6 +40,8 @@ pub(crate) struct Submission {
     pub id: RequestId,
     pub prompt: Vec<u32>,
     pub request: GenerateRequest,
+    /// The request's grammar, compiled by the submitter.
+    pub constraint: Option<Constraint>,
     pub events: UnboundedSender<Event>,
     pub slot: QueueSlot,
 }
@@ -57,6 +58,14 @@ pub(crate) enum Command {
     Unpin {
         id: u64,
     },
+}
+
+/// Who a sequence runs for.
+enum Origin {
+    /// A client's request, holding its place in the queue bound.
+    Client(QueueSlot),
+    /// The pre-warming of the pin with this id.
+    Pin(u64),
 }
 
 /// A pinned prefix, from the worker's side.
@@ -156,8 +165,6 @@ pub(crate) struct WorkerSetup {
     pub scheduler: SchedulerConfig,
     pub tokenizer: Arc<Tokenizer>,
     pub eos: Vec<u32>,
-    /// Each token's bytes, for constrained decoding.
-    pub token_bytes: TokenBytes,
 }
 
 pub(crate) struct Worker {
@@ -169,7 +176,6 @@ pub(crate) struct Worker {
     outputs: HashMap<RequestId, Output>,
     tokenizer: Arc<Tokenizer>,
     eos: Vec<u32>,
-    token_bytes: TokenBytes,
     commands: Receiver<Command>,
     next_arrival: u64,
     stats: Arc<EngineStats>,
@@ -185,7 +191,6 @@ impl Worker {
             scheduler,
             tokenizer,
             eos,
-            token_bytes,
         } = setup;
         Self {
             model,
@@ -196,7 +201,6 @@ impl Worker {
             outputs: HashMap::new(),
             tokenizer,
             eos,
-            token_bytes,
             commands,
             next_arrival: 0,
             stats,
@@ -258,10 +262,11 @@ impl Worker {
                     id,
                     prompt,
                     request,
+                    constraint,
                     events,
                     slot,
                 } = *s;
-                self.admit(id, prompt, request, events, Some(slot), None);
+                self.admit(id, prompt, request, constraint, events, Origin::Client(slot));
             }
             Command::Pin { id, prompt, pinned } => {
                 let (events, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -280,7 +285,7 @@ impl Worker {
                 );
                 // Internal requests use ids above any the handle gives out.
                 let request_id = RequestId(u64::MAX - id);
-                self.admit(request_id, prompt, request, events, None, Some(id));
+                self.admit(request_id, prompt, request, None, events, Origin::Pin(id));
             }
             Command::Unpin { id } => match self.pins.remove(&id) {
                 Some(Pin::Pinned(keys)) => self.scheduler.kv().unpin(&keys),
@@ -295,10 +300,14 @@ impl Worker {
         id: RequestId,
         prompt: Vec<u32>,
         request: GenerateRequest,
+        constraint: Option<Constraint>,
         events: UnboundedSender<Event>,
-        slot: Option<QueueSlot>,
-        pin: Option<u64>,
+        origin: Origin,
     ) {
+        let (slot, pin) = match origin {
+            Origin::Client(slot) => (Some(slot), None),
+            Origin::Pin(pin) => (None, Some(pin)),
+        };
         let mut stop_tokens = request.stop_token_ids.clone();
         if !request.ignore_eos {
             stop_tokens.extend(&self.eos);
@@ -309,9 +318,8 @@ impl Worker {
         });
         let mut sampler =
             Sampler::new(request.sampling, request.logprobs, &prompt).scoring(request.score_tokens);
-        if request.response_format == ResponseFormat::JsonObject {
-            sampler = sampler
-                .with_constraint(JsonObject::new(self.token_bytes.clone(), self.eos.clone()));
+        if let Some(constraint) = constraint {
+            sampler = sampler.with_constraint(constraint, self.eos[0]);
         }
         self.outputs.insert(
             id,
@@ -400,6 +408,7 @@ impl Worker {
         s.decode_nanos
             .fetch_add(elapsed - prefill_nanos, Ordering::Relaxed);
         let mut logits = logits.into_iter();
+        let mut to_sample = Vec::new();
         for item in &plan.items {
             // Moved out, not copied, and dropped with this item: a vocabulary-wide row each.
             let n = logits_of(item).rows(item.tokens.len());
@@ -408,9 +417,28 @@ impl Worker {
                 self.on_prompt_logits(item, &mut rows);
             }
             if item.sample {
-                let row = rows.last_mut().expect("a sampled item has its last row");
-                self.on_logits(item.id, row);
+                let row = rows.pop().expect("a sampled item has its last row");
+                if let Some(out) = self.outputs.remove(&item.id) {
+                    to_sample.push((item.id, out, row));
+                }
             }
+        }
+        // Sampling (penalties, filters, grammar masks) is per sequence: it runs on the compute
+        // threads side by side, then the results are applied in batch order.
+        let sampled: Vec<Sampled> = if to_sample.len() > 1 {
+            to_sample
+                .par_iter_mut()
+                .map(|(_, out, row)| out.sampler.sample(row))
+                .collect()
+        } else {
+            to_sample
+                .iter_mut()
+                .map(|(_, out, row)| out.sampler.sample(row))
+                .collect()
+        };
+        for ((id, out, _), sampled) in to_sample.into_iter().zip(sampled) {
+            self.outputs.insert(id, out);
+            self.on_sampled(id, sampled);
         }
     }
 
@@ -449,15 +477,21 @@ impl Worker {
         let _ = out.events.send(Event::PromptLogprobs(entries));
     }
 
-    /// Samples a sequence's next token and tells the client.
-    fn on_logits(&mut self, id: RequestId, logits: &mut [f32]) {
+    /// Records a sequence's next token and tells the client.
+    fn on_sampled(&mut self, id: RequestId, sampled: Sampled) {
         let Some(out) = self.outputs.get_mut(&id) else {
             return;
         };
-        let sampled = out.sampler.sample(logits);
         let token = sampled.token;
+        if let Some(e) = out.sampler.constraint_error() {
+            tracing::error!(error = %e, "constrained decoding failed");
+            let error = format!("constrained decoding failed: {e}");
+            return self.finish(id, FinishReason::Error, Some(&error));
+        }
         self.scheduler.append(id, token);
-        if out.stop_tokens.contains(&token) {
+        // A complete constrained answer ends even when the request ignores EOS.
+        let grammar_done = out.sampler.is_constrained() && token == self.eos[0];
+        if grammar_done || out.stop_tokens.contains(&token) {
             return self.finish(id, FinishReason::Stop, None);
         }
         let step = match out.text.push(token) {

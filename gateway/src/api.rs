@@ -17,6 +17,7 @@ pub mod completions;
 pub mod embeddings;
 pub mod models;
 pub mod swarm;
+pub mod tools;
 pub mod verify;
 
 use serde::{Deserialize, Serialize};
@@ -84,19 +85,21 @@ pub struct ChatCompletionRequest {
     #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<i64>,
     pub response_format: Option<ResponseFormat>,
+    /// Functions the model may call.
+    pub tools: Option<Vec<tools::Tool>>,
+    /// `"none"`, `"auto"`, `"required"` or `{"type": "function", "function": {"name": ...}}`.
+    /// Read as any JSON so that validation can name what is wrong with it.
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<serde_json::Value>,
+    /// `false`: at most one call per answer (default `true`).
+    pub parallel_tool_calls: Option<bool>,
     /// Options for requests to the swarm (`model: "swarm"`, `"auto"` or an agent's name).
     pub swarm: Option<swarm::SwarmOptions>,
     #[serde(flatten)]
     pub options: GenerationOptions,
 }
 
-/// `response_format`: `{"type": "text"}` or `{"type": "json_object"}`. The type is kept as a
-/// string so that an unsupported one (`json_schema`) is refused by validation, naming the field.
-#[derive(Clone, Debug, Deserialize, ToSchema)]
-pub struct ResponseFormat {
-    #[serde(rename = "type")]
-    pub kind: String,
-}
+pub use tools::ResponseFormat;
 
 /// One message of the conversation.
 #[derive(Clone, Debug, Default, Deserialize, ToSchema)]
@@ -104,6 +107,10 @@ pub struct ChatMessage {
     pub role: String,
     /// `null` is allowed by OpenAI for assistant messages that only carry tool calls.
     pub content: Option<MessageContent>,
+    /// An assistant message's calls.
+    pub tool_calls: Option<Vec<tools::ToolCall>>,
+    /// A `tool` message: the call it answers.
+    pub tool_call_id: Option<String>,
 }
 
 /// A message's content: a plain string, or a list of typed parts.
@@ -179,7 +186,24 @@ pub struct ChatChoice {
 pub struct AssistantMessage {
     /// Always `"assistant"`.
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the answer is tool calls.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<tools::ToolCall>>,
+    /// Always `null`: the model never refuses by itself.
+    pub refusal: Option<String>,
+}
+
+impl AssistantMessage {
+    /// A text answer.
+    pub fn text(content: String) -> Self {
+        Self {
+            role: "assistant",
+            content: Some(content),
+            tool_calls: None,
+            refusal: None,
+        }
+    }
 }
 
 /// One server-sent event of a streamed answer.
@@ -223,6 +247,8 @@ pub struct ChunkDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<tools::ToolCallDelta>>,
 }
 
 /// Why a choice ended.
@@ -233,6 +259,8 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens` or the context window was reached.
     Length,
+    /// The answer is tool calls.
+    ToolCalls,
     /// Generation failed midway (streams only; a non-streamed failure is an error response).
     Error,
 }
@@ -391,10 +419,7 @@ mod tests {
             model: "m".into(),
             choices: vec![ChatChoice {
                 index: 0,
-                message: AssistantMessage {
-                    role: "assistant",
-                    content: "Paris.".into(),
-                },
+                message: AssistantMessage::text("Paris.".into()),
                 logprobs: None,
                 finish_reason: FinishReason::Stop,
             }],
@@ -412,7 +437,7 @@ mod tests {
                 "id": "chatcmpl-1", "object": "chat.completion", "created": 7, "model": "m",
                 "choices": [{
                     "index": 0,
-                    "message": {"role": "assistant", "content": "Paris."},
+                    "message": {"role": "assistant", "content": "Paris.", "refusal": null},
                     "logprobs": null,
                     "finish_reason": "stop"
                 }],
@@ -445,6 +470,7 @@ mod tests {
                 delta: ChunkDelta {
                     role: Some("assistant"),
                     content: Some(String::new()),
+                    tool_calls: None,
                 },
                 logprobs: None,
                 finish_reason: None,

@@ -31,6 +31,7 @@ use crate::openapi;
 use crate::session::Sessions;
 use crate::state;
 use crate::transport::{self, IntoTransport, Transport};
+use crate::validate::structured::StructuredLimits;
 
 /// What every handler shares. Cloning is a few reference-count increments.
 #[derive(Clone)]
@@ -49,6 +50,7 @@ struct Inner {
     /// Unix seconds when the server was set up (the models' `created`).
     started: u64,
     max_body_bytes: usize,
+    structured: StructuredLimits,
     auth: Auth,
     limits: Limits,
     sessions: Sessions,
@@ -83,6 +85,7 @@ impl AppState {
                 model_id,
                 started: http::chat::unix_now(),
                 max_body_bytes: config.max_body_bytes,
+                structured: config.structured_limits(),
                 auth: Auth::new(&config.api_keys, &config.admin_keys, config.metrics_public),
                 limits: Limits::new(config, store.clone()),
                 sessions: Sessions::new(config, store),
@@ -148,6 +151,11 @@ impl AppState {
     /// Unix seconds when this server was set up.
     pub fn started(&self) -> u64 {
         self.inner.started
+    }
+
+    /// The bounds on structured outputs and tools.
+    pub fn structured_limits(&self) -> &StructuredLimits {
+        &self.inner.structured
     }
 
     pub fn max_body_bytes(&self) -> usize {

@@ -115,6 +115,23 @@ pub struct ServeConfig {
     /// /v1/swarm/route`) [default: swarm.toml, if present]. Without one the server has no swarm.
     #[arg(long, env = "SWARMGATE_SWARM")]
     pub swarm: Option<PathBuf>,
+    /// Most `tools` one request may define.
+    #[arg(long, env = "SWARMGATE_MAX_TOOLS", default_value_t = 128)]
+    pub max_tools: usize,
+    /// Largest JSON schema (a tool's parameters, a response_format's schema), in bytes of
+    /// compact JSON.
+    #[arg(long, env = "SWARMGATE_MAX_SCHEMA_BYTES", default_value_t = 65536)]
+    pub max_schema_bytes: usize,
+    /// Deepest nesting of objects and arrays in a JSON schema.
+    #[arg(long, env = "SWARMGATE_MAX_SCHEMA_DEPTH", default_value_t = 32)]
+    pub max_schema_depth: usize,
+    /// Milliseconds one request's grammars may take to compile; past them, a 400.
+    #[arg(
+        long,
+        env = "SWARMGATE_GRAMMAR_COMPILE_TIMEOUT_MS",
+        default_value_t = 2000
+    )]
+    pub grammar_compile_timeout_ms: u64,
     #[command(flatten)]
     pub engine: EngineConfig,
     #[command(flatten)]
@@ -150,6 +167,10 @@ impl Default for ServeConfig {
             first_token_timeout_secs: 60.0,
             request_timeout_secs: 600.0,
             swarm: None,
+            max_tools: 128,
+            max_schema_bytes: 65536,
+            max_schema_depth: 32,
+            grammar_compile_timeout_ms: 2000,
             engine: EngineConfig::default(),
             embedding: EmbedderConfig::default(),
         }
@@ -281,6 +302,12 @@ impl ServeConfig {
         if self.max_concurrent_requests == 0 {
             return Err("--max-concurrent-requests must be at least 1".into());
         }
+        if self.max_schema_bytes == 0 || self.max_schema_depth == 0 {
+            return Err("--max-schema-bytes and --max-schema-depth must be positive".into());
+        }
+        if self.grammar_compile_timeout_ms == 0 {
+            return Err("--grammar-compile-timeout-ms must be positive".into());
+        }
         for (flag, secs) in [
             ("--first-token-timeout-secs", self.first_token_timeout_secs),
             ("--request-timeout-secs", self.request_timeout_secs),
@@ -304,6 +331,16 @@ impl ServeConfig {
     }
 
     /// The per-request timeouts; the config must be valid.
+    /// The bounds on structured outputs and tools.
+    pub fn structured_limits(&self) -> crate::validate::structured::StructuredLimits {
+        crate::validate::structured::StructuredLimits {
+            max_tools: self.max_tools,
+            max_schema_bytes: self.max_schema_bytes,
+            max_schema_depth: self.max_schema_depth,
+            compile_timeout: std::time::Duration::from_millis(self.grammar_compile_timeout_ms),
+        }
+    }
+
     pub fn timeouts(&self) -> Timeouts {
         Timeouts {
             first_token: Duration::from_secs_f64(self.first_token_timeout_secs),

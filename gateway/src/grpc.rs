@@ -27,10 +27,13 @@ use tonic::transport::Server;
 use tonic::{Code, Request, Response, Status};
 
 use crate::api;
+use crate::api::tools::{FunctionCall, ToolCall};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::chat::{finish_reason, LOST_STREAM};
 use crate::logprobs;
+use crate::tool_calls::{self, EnvelopeReader, Piece};
+use crate::validate::structured::{self, Reply};
 use crate::validate::validate_chat;
 
 /// The messages and service stubs generated from the proto, client included.
@@ -116,12 +119,19 @@ impl InferenceService {
             .auth()
             .check(&request.metadata().clone().into_headers())?;
         let model = self.state.model();
-        let valid = validate_chat(wire_request(request.into_inner()), model)?;
+        let limits = self.state.structured_limits();
+        let valid = validate_chat(wire_request(request.into_inner())?, model, limits)?;
+        structured::compile(model, &valid.structured, limits).await?;
         let events = self.state.transport().submit(None, valid.generate).await?;
+        let reader = match valid.structured.reply {
+            Reply::Envelope { json_response } => Some(EnvelopeReader::new(json_response)),
+            Reply::Text => None,
+        };
         let answer = Answer {
             id: format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()),
             model: valid.model,
             tokenizer: valid.logprobs.map(|_| model.tokenizer.clone()),
+            reader,
         };
         Ok((answer, events))
     }
@@ -129,16 +139,34 @@ impl InferenceService {
 
 /// The HTTP API's request for the same chat. Streaming is the RPC's choice, so `stream` stays
 /// unset: nothing in validation depends on it but `stream_options`, which gRPC has no use for.
-fn wire_request(request: pb::ChatRequest) -> api::ChatCompletionRequest {
+fn wire_request(request: pb::ChatRequest) -> Result<api::ChatCompletionRequest, ApiError> {
     let messages = request
         .messages
         .into_iter()
         .map(|m| api::ChatMessage {
             role: m.role,
             content: Some(api::MessageContent::Text(m.content)),
+            tool_calls: (!m.tool_calls.is_empty()).then(|| {
+                m.tool_calls
+                    .into_iter()
+                    .map(|c| ToolCall {
+                        id: c.id,
+                        kind: "function".into(),
+                        function: FunctionCall {
+                            name: c.name,
+                            arguments: c.arguments,
+                        },
+                    })
+                    .collect()
+            }),
+            tool_call_id: (!m.tool_call_id.is_empty()).then_some(m.tool_call_id),
         })
         .collect();
-    api::ChatCompletionRequest {
+    Ok(api::ChatCompletionRequest {
+        tools: json_field("tools_json", request.tools_json)?,
+        tool_choice: json_field("tool_choice_json", request.tool_choice_json)?,
+        parallel_tool_calls: request.parallel_tool_calls,
+        response_format: json_field("response_format_json", request.response_format_json)?,
         model: request.model,
         messages,
         logprobs: request.logprobs,
@@ -158,7 +186,19 @@ fn wire_request(request: pb::ChatRequest) -> api::ChatCompletionRequest {
             ..api::GenerationOptions::default()
         },
         ..api::ChatCompletionRequest::default()
-    }
+    })
+}
+
+/// A field that carries JSON, parsed as the HTTP API's field of the same name.
+fn json_field<T: serde::de::DeserializeOwned>(
+    param: &str,
+    json: Option<String>,
+) -> Result<Option<T>, ApiError> {
+    json.map(|text| {
+        serde_json::from_str(&text)
+            .map_err(|e| ApiError::invalid(param, format!("{param} is not valid here: {e}")))
+    })
+    .transpose()
 }
 
 /// What the response, or every chunk, of one answer shares.
@@ -167,6 +207,8 @@ struct Answer {
     model: String,
     /// Set when the client asked for log-probabilities: turns token ids into text and bytes.
     tokenizer: Option<Arc<Tokenizer>>,
+    /// Set when the answer is a tool-call envelope.
+    reader: Option<EnvelopeReader>,
 }
 
 impl Answer {
@@ -194,13 +236,33 @@ impl Answer {
                     usage,
                     error,
                 } => {
+                    let mut finish_reason = proto_finish_reason(reason, error)?;
+                    let mut tool_calls = Vec::new();
+                    if let Some(reader) = &self.reader {
+                        let complete = finish_reason != pb::FinishReason::Length;
+                        let (content, calls) =
+                            tool_calls::read_all(&text, reader.json_response(), complete);
+                        text = content;
+                        tool_calls = calls
+                            .into_iter()
+                            .map(|(id, name, arguments)| pb::ToolCall {
+                                id,
+                                name,
+                                arguments,
+                            })
+                            .collect();
+                        if !tool_calls.is_empty() && finish_reason == pb::FinishReason::Stop {
+                            finish_reason = pb::FinishReason::ToolCalls;
+                        }
+                    }
                     return Ok(pb::ChatResponse {
                         id: self.id,
                         model: self.model,
                         text,
-                        finish_reason: proto_finish_reason(reason, error)?.into(),
+                        finish_reason: finish_reason.into(),
                         usage: Some(usage_of(usage)),
                         logprobs,
+                        tool_calls,
                     });
                 }
             }
@@ -215,39 +277,62 @@ impl Answer {
         self,
         events: impl Stream<Item = Event> + Unpin + Send,
     ) -> impl Stream<Item = Result<pb::ChatChunk, Status>> + Send {
-        futures::stream::unfold((self, Some(events)), |(answer, mut events)| async move {
-            loop {
-                let chunk = match events.as_mut()?.next().await {
-                    // An empty delta is the detokenizer holding back part of a character or a
-                    // possible stop string; only its log-probabilities are news.
-                    Some(Event::Delta { text, logprobs, .. })
-                        if !text.is_empty() || !logprobs.is_empty() =>
-                    {
-                        Ok(answer.chunk(text, answer.logprobs(&logprobs)))
-                    }
-                    Some(Event::Delta { .. } | Event::PromptLogprobs(_)) => continue,
-                    Some(Event::Finished {
-                        reason,
-                        usage,
-                        error,
-                    }) => {
-                        events = None;
-                        proto_finish_reason(reason, error)
-                            .map(|reason| pb::ChatChunk {
-                                finish_reason: reason.into(),
-                                usage: Some(usage_of(usage)),
-                                ..answer.chunk(String::new(), Vec::new())
-                            })
-                            .map_err(Status::from)
-                    }
-                    None => {
-                        events = None;
-                        Err(ApiError::Internal(LOST_STREAM.into()).into())
-                    }
-                };
-                return Some((chunk, (answer, events)));
-            }
-        })
+        futures::stream::unfold(
+            (self, Some(events)),
+            |(mut answer, mut events)| async move {
+                loop {
+                    let chunk = match events.as_mut()?.next().await {
+                        // An empty delta is the detokenizer holding back part of a character or a
+                        // possible stop string; only its log-probabilities are news.
+                        Some(Event::Delta { text, logprobs, .. })
+                            if !text.is_empty() || !logprobs.is_empty() =>
+                        {
+                            let logprobs = answer.logprobs(&logprobs);
+                            match answer.reader.as_mut().map(|r| r.push(&text)) {
+                                Some(pieces) if pieces.is_empty() && logprobs.is_empty() => {
+                                    continue
+                                }
+                                Some(pieces) => Ok(answer.pieces_chunk(pieces, logprobs)),
+                                None => Ok(answer.chunk(text, logprobs)),
+                            }
+                        }
+                        Some(Event::Delta { .. } | Event::PromptLogprobs(_)) => continue,
+                        Some(Event::Finished {
+                            reason,
+                            usage,
+                            error,
+                        }) => {
+                            events = None;
+                            proto_finish_reason(reason, error)
+                                .map(|reason| {
+                                    let complete = reason != pb::FinishReason::Length;
+                                    let (rest, calls) = match answer.reader.as_mut() {
+                                        Some(r) => (r.finish(complete), r.calls()),
+                                        None => (Vec::new(), 0),
+                                    };
+                                    let reason = match reason {
+                                        pb::FinishReason::Stop if calls > 0 => {
+                                            pb::FinishReason::ToolCalls
+                                        }
+                                        other => other,
+                                    };
+                                    pb::ChatChunk {
+                                        finish_reason: reason.into(),
+                                        usage: Some(usage_of(usage)),
+                                        ..answer.pieces_chunk(rest, Vec::new())
+                                    }
+                                })
+                                .map_err(Status::from)
+                        }
+                        None => {
+                            events = None;
+                            Err(ApiError::Internal(LOST_STREAM.into()).into())
+                        }
+                    };
+                    return Some((chunk, (answer, events)));
+                }
+            },
+        )
     }
 
     fn chunk(&self, delta: String, logprobs: Vec<pb::TokenLogprob>) -> pb::ChatChunk {
@@ -258,7 +343,33 @@ impl Answer {
             logprobs,
             finish_reason: pb::FinishReason::Unspecified.into(),
             usage: None,
+            tool_calls: Vec::new(),
         }
+    }
+
+    /// The chunk of what an envelope reader gave: content and pieces of calls.
+    fn pieces_chunk(&self, pieces: Vec<Piece>, logprobs: Vec<pb::TokenLogprob>) -> pb::ChatChunk {
+        let mut chunk = self.chunk(String::new(), logprobs);
+        for piece in pieces {
+            match piece {
+                Piece::Content(text) => chunk.delta.push_str(&text),
+                Piece::Call { index, id, name } => chunk.tool_calls.push(pb::ToolCallDelta {
+                    index: index as u32,
+                    id,
+                    name,
+                    arguments: String::new(),
+                }),
+                Piece::Arguments { index, fragment } => match chunk.tool_calls.last_mut() {
+                    Some(last) if last.index == index as u32 => last.arguments.push_str(&fragment),
+                    _ => chunk.tool_calls.push(pb::ToolCallDelta {
+                        index: index as u32,
+                        arguments: fragment,
+                        ..pb::ToolCallDelta::default()
+                    }),
+                },
+            }
+        }
+        chunk
     }
 
     /// The proto entries for `token_logprobs`; none unless the client asked.
@@ -294,6 +405,7 @@ fn proto_finish_reason(
     match finish_reason(reason, error)? {
         api::FinishReason::Stop => Ok(pb::FinishReason::Stop),
         api::FinishReason::Length => Ok(pb::FinishReason::Length),
+        api::FinishReason::ToolCalls => Ok(pb::FinishReason::ToolCalls),
         // `finish_reason` returns a failed generation as an error; it names no reason `Error`.
         api::FinishReason::Error => Err(ApiError::Internal(
             "a failed generation was reported as finished".into(),
@@ -352,6 +464,7 @@ mod tests {
 
     use super::*;
     use crate::test_support::model_info;
+    use crate::validate::structured::StructuredLimits;
 
     fn model() -> &'static ModelInfo {
         static MODEL: OnceLock<ModelInfo> = OnceLock::new();
@@ -363,6 +476,7 @@ mod tests {
             id: "chatcmpl-test".into(),
             model: "m".into(),
             tokenizer: logprobs.then(|| model().tokenizer.clone()),
+            reader: None,
         }
     }
 
@@ -390,10 +504,53 @@ mod tests {
         answer.chunks(futures::stream::iter(events)).collect().await
     }
 
+    #[tokio::test]
+    async fn tool_calls_stream_and_collect() {
+        let envelope = || Answer {
+            reader: Some(EnvelopeReader::new(false)),
+            ..answer(false)
+        };
+        let events = || {
+            vec![
+                delta(r#"{"tool_calls": [{"name": "f", "arguments": {"#),
+                delta(r#""x": 1}}]}"#),
+                finished(FinishReason::Stop, None),
+            ]
+        };
+        let chunks: Vec<pb::ChatChunk> = stream(envelope(), events())
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(chunks[0].tool_calls[0].name, "f");
+        assert!(chunks[0].tool_calls[0].id.starts_with("call_"));
+        let arguments: String = chunks
+            .iter()
+            .flat_map(|c| c.tool_calls.iter().map(|t| t.arguments.clone()))
+            .collect();
+        assert_eq!(arguments, r#"{"x": 1}"#);
+        assert!(
+            chunks.iter().all(|c| c.delta.is_empty()),
+            "no markup as text"
+        );
+        assert_eq!(
+            chunks.last().unwrap().finish_reason,
+            i32::from(pb::FinishReason::ToolCalls)
+        );
+        let whole = envelope()
+            .collect(futures::stream::iter(events()))
+            .await
+            .unwrap();
+        assert_eq!(whole.text, "");
+        assert_eq!(whole.tool_calls[0].arguments, r#"{"x": 1}"#);
+        assert_eq!(whole.finish_reason, i32::from(pb::FinishReason::ToolCalls));
+    }
+
     fn user(content: &str) -> pb::ChatMessage {
         pb::ChatMessage {
             role: "user".into(),
             content: content.into(),
+            ..pb::ChatMessage::default()
         }
     }
 
@@ -415,8 +572,24 @@ mod tests {
             ignore_eos: Some(true),
             logprobs: Some(true),
             top_logprobs: Some(2),
+            tools_json: Some(
+                r#"[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]"#
+                    .into(),
+            ),
+            tool_choice_json: Some(r#""required""#.into()),
+            parallel_tool_calls: Some(false),
+            response_format_json: None,
         };
-        let valid = validate_chat(wire_request(request), model()).unwrap();
+        let valid = validate_chat(
+            wire_request(request).unwrap(),
+            model(),
+            &StructuredLimits::default(),
+        )
+        .unwrap();
+        assert!(
+            matches!(&valid.generate.response_format, engine::ResponseFormat::Lark(g) if g.starts_with("start: calls\n")),
+            "tools reach the grammar"
+        );
         let generate = valid.generate;
         let sampling = generate.sampling;
         assert_eq!(valid.model, model().id);
@@ -443,13 +616,19 @@ mod tests {
             messages: vec![user("Hi")],
             ..pb::ChatRequest::default()
         };
-        let grpc = validate_chat(wire_request(request), model()).unwrap();
+        let grpc = validate_chat(
+            wire_request(request).unwrap(),
+            model(),
+            &StructuredLimits::default(),
+        )
+        .unwrap();
         let http = validate_chat(
             serde_json::from_value(serde_json::json!({
                 "messages": [{"role": "user", "content": "Hi"}]
             }))
             .unwrap(),
             model(),
+            &StructuredLimits::default(),
         )
         .unwrap();
         assert_eq!(grpc.generate.sampling, http.generate.sampling);
@@ -462,7 +641,12 @@ mod tests {
     #[test]
     fn refusals_name_the_field_and_map_to_codes() {
         let refused = |request: pb::ChatRequest| {
-            let error = validate_chat(wire_request(request), model()).unwrap_err();
+            let error = validate_chat(
+                wire_request(request).unwrap(),
+                model(),
+                &StructuredLimits::default(),
+            )
+            .unwrap_err();
             let param = error.body().param;
             (Status::from(error).code(), param)
         };
@@ -494,8 +678,9 @@ mod tests {
         assert_eq!(
             refused(pb::ChatRequest {
                 messages: vec![pb::ChatMessage {
-                    role: "tool".into(),
-                    content: "x".into()
+                    role: "robot".into(),
+                    content: "x".into(),
+                    ..pb::ChatMessage::default()
                 }],
                 ..base()
             }),

@@ -51,6 +51,7 @@ pub mod openapi;
 pub mod session;
 pub mod state;
 pub mod swarm;
+pub mod tool_calls;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod transport;

@@ -214,6 +214,7 @@ fn wire(message: ChatMessage) -> api::ChatMessage {
     api::ChatMessage {
         role: message.role,
         content: Some(MessageContent::Text(message.content)),
+        ..api::ChatMessage::default()
     }
 }
 
@@ -322,7 +323,11 @@ impl Recording {
                 self.text.push_str(text);
             }
             match choice.finish_reason {
-                Some(api::FinishReason::Stop | api::FinishReason::Length) => self.finished = true,
+                Some(
+                    api::FinishReason::Stop
+                    | api::FinishReason::Length
+                    | api::FinishReason::ToolCalls,
+                ) => self.finished = true,
                 Some(api::FinishReason::Error) => self.failed = true,
                 None => {}
             }
@@ -539,6 +544,7 @@ mod tests {
                 delta: api::ChunkDelta {
                     role: None,
                     content: content.map(str::to_owned),
+                    tool_calls: None,
                 },
                 logprobs: None,
                 finish_reason: finish,

@@ -5,10 +5,8 @@
 //! A missing model file panics with the command that fetches it rather than skipping, so a green
 //! run always means the tests ran.
 
-use std::path::PathBuf;
-use std::sync::Arc;
-
 use engine::ModelInfo;
+use std::path::PathBuf;
 
 pub(crate) const MODEL_ID: &str = "SmolLM2-135M-Instruct.Q4_1";
 
@@ -22,16 +20,8 @@ pub(crate) fn model_info(kv_capacity_tokens: usize) -> ModelInfo {
         "{} is missing: run `make models`",
         path.display()
     );
-    let gguf = engine::model::Gguf::open(&path).expect("the GGUF opens");
     ModelInfo {
-        id: MODEL_ID.into(),
-        tokenizer: Arc::new(
-            engine::model::tokenizer::tokenizer_from_gguf(gguf.content())
-                .expect("the tokenizer builds"),
-        ),
-        chat_template: engine::ChatTemplate::from_gguf(gguf.content())
-            .expect("the template compiles"),
-        context_length: 8192,
         kv_capacity_tokens,
+        ..ModelInfo::load(&path).expect("the GGUF's metadata loads")
     }
 }

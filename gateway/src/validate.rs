@@ -19,13 +19,17 @@
 
 pub mod completion;
 pub mod embeddings;
+pub mod structured;
 pub mod swarm;
 pub mod verify;
 
-use engine::{ChatMessage, GenerateRequest, ModelInfo, Prompt, ResponseFormat, SamplingParams};
+use std::collections::HashMap;
+
+use engine::{ChatMessage, GenerateRequest, ModelInfo, Prompt, SamplingParams};
 
 use crate::api::{self, ChatCompletionRequest, GenerationOptions, MessageContent, Stop};
 use crate::error::ApiError;
+use structured::{Structured, StructuredLimits};
 
 /// The model name every client may use for whatever this server serves.
 pub const DEFAULT_MODEL_ALIAS: &str = "default";
@@ -58,12 +62,15 @@ pub struct ValidChatRequest {
     pub include_usage: bool,
     /// `Some(n)`: report each token's log-probability with its `n` likeliest alternatives.
     pub logprobs: Option<usize>,
+    /// The grammar, and how the answer reads back (text, or tool calls).
+    pub structured: Structured,
 }
 
 /// Checks `request` against the served model; see the module docs for the rules.
 pub fn validate_chat(
     request: ChatCompletionRequest,
     model: &ModelInfo,
+    limits: &StructuredLimits,
 ) -> Result<ValidChatRequest, ApiError> {
     let model_id = check_model(request.model.as_deref(), &model.id)?;
     if request.swarm.is_some() {
@@ -73,13 +80,16 @@ pub fn validate_chat(
         ));
     }
     let logprobs = logprobs(&request)?;
-    let format = response_format(&request)?;
+    let structured = structured::structured(&request, limits)?;
     let max_tokens = match request.max_completion_tokens {
         Some(n) => Some(("max_completion_tokens", n)),
         None => request.options.max_tokens.map(|n| ("max_tokens", n)),
     };
     let options = Options::new(request.options, max_tokens)?;
-    let messages = messages(request.messages)?;
+    let mut messages = messages(request.messages)?;
+    if let Some(instructions) = &structured.instructions {
+        structured::instruct(&mut messages, instructions);
+    }
 
     let prompt = model
         .chat_template
@@ -89,7 +99,7 @@ pub fn validate_chat(
     let prompt_tokens = tokens.len();
     let mut generate = options.generate(model, tokens, "messages")?;
     generate.logprobs = logprobs;
-    generate.response_format = format;
+    generate.response_format = structured.format.clone();
     Ok(ValidChatRequest {
         model: model_id,
         prompt,
@@ -99,6 +109,7 @@ pub fn validate_chat(
         stream: options.stream,
         include_usage: options.include_usage,
         logprobs,
+        structured,
     })
 }
 
@@ -221,46 +232,6 @@ impl Options {
         generate.stop = self.stop.clone();
         generate.ignore_eos = self.ignore_eos;
         Ok(generate)
-    }
-}
-
-/// `json_object` asks the engine for JSON-constrained decoding. As OpenAI does, it requires the
-/// conversation to ask for JSON: a model told nothing about it may fill the whole answer with
-/// whitespace before closing the object.
-fn response_format(request: &ChatCompletionRequest) -> Result<ResponseFormat, ApiError> {
-    let Some(format) = &request.response_format else {
-        return Ok(ResponseFormat::Text);
-    };
-    match format.kind.as_str() {
-        "text" => Ok(ResponseFormat::Text),
-        "json_object" => {
-            let mentions_json = request.messages.iter().any(|m| {
-                let text = match &m.content {
-                    Some(MessageContent::Text(t)) => t.clone(),
-                    Some(MessageContent::Parts(parts)) => parts
-                        .iter()
-                        .filter_map(|p| p.text.clone())
-                        .collect::<Vec<_>>()
-                        .join(" "),
-                    None => String::new(),
-                };
-                text.to_ascii_lowercase().contains("json")
-            });
-            if !mentions_json {
-                return Err(ApiError::invalid(
-                    "messages",
-                    "'messages' must contain the word 'json' in some form, to use \
-                     'response_format' of type 'json_object'.",
-                ));
-            }
-            Ok(ResponseFormat::JsonObject)
-        }
-        other => Err(ApiError::invalid(
-            "response_format.type",
-            format!(
-                "response_format type {other:?} is not supported; use \"text\" or \"json_object\""
-            ),
-        )),
     }
 }
 
@@ -391,31 +362,42 @@ pub(crate) fn messages(messages: Vec<api::ChatMessage>) -> Result<Vec<ChatMessag
             "messages must contain at least one message",
         ));
     }
-    messages.into_iter().enumerate().map(message).collect()
+    // The function each earlier call named, for the results that answer it.
+    let mut calls: HashMap<String, String> = HashMap::new();
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.into_iter().enumerate() {
+        for call in m.tool_calls.iter().flatten() {
+            calls.insert(call.id.clone(), call.function.name.clone());
+        }
+        out.push(message(i, m, &calls)?);
+    }
+    Ok(out)
 }
 
-/// The `i`th message as the chat template takes it.
-fn message((i, message): (usize, api::ChatMessage)) -> Result<ChatMessage, ApiError> {
+/// The `i`th message as the chat template takes it; `calls` maps the ids of the calls made so
+/// far to their functions.
+fn message(
+    i: usize,
+    message: api::ChatMessage,
+    calls: &HashMap<String, String>,
+) -> Result<ChatMessage, ApiError> {
     let role = match message.role.as_str() {
-        "system" | "user" | "assistant" => message.role,
+        "system" | "user" | "assistant" | "tool" => message.role,
         // OpenAI's newer name for system instructions; templates only know "system".
         "developer" => "system".to_owned(),
-        "tool" | "function" => {
-            return Err(ApiError::invalid(
-                format!("messages[{i}].role"),
-                format!(
-                    "role '{}' is not supported: this server has no tool calling",
-                    message.role
-                ),
-            ))
-        }
         other => {
             return Err(ApiError::invalid(
                 format!("messages[{i}].role"),
-                format!("role '{other}' is not one of 'system', 'user', 'assistant'"),
+                format!("role '{other}' is not one of 'system', 'user', 'assistant', 'tool'"),
             ))
         }
     };
+    if message.tool_calls.is_some() && role != "assistant" {
+        return Err(ApiError::invalid(
+            format!("messages[{i}].tool_calls"),
+            "only assistant messages carry tool_calls",
+        ));
+    }
     let content = match message.content {
         Some(MessageContent::Text(text)) => text,
         Some(MessageContent::Parts(parts)) => text_parts(i, parts)?,
@@ -428,7 +410,29 @@ fn message((i, message): (usize, api::ChatMessage)) -> Result<ChatMessage, ApiEr
             ))
         }
     };
-    Ok(ChatMessage::new(role, content))
+    if role == "tool" {
+        let Some(id) = message.tool_call_id else {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].tool_call_id"),
+                "a 'tool' message needs the tool_call_id of the call it answers",
+            ));
+        };
+        let Some(name) = calls.get(&id) else {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].tool_call_id"),
+                format!("no earlier assistant message made a tool call with id '{id}'"),
+            ));
+        };
+        let result = structured::render_result(Some(name), &id, &content);
+        return Ok(ChatMessage::new(role, result));
+    }
+    match message.tool_calls.filter(|c| !c.is_empty()) {
+        Some(tool_calls) => Ok(ChatMessage::new(
+            role,
+            structured::render_calls(&tool_calls),
+        )),
+        None => Ok(ChatMessage::new(role, content)),
+    }
 }
 
 /// The text of message `i`'s content parts, which must all be text.
@@ -477,6 +481,7 @@ mod tests {
         validate_chat(
             serde_json::from_value(body).expect("a wire request"),
             model(),
+            &StructuredLimits::default(),
         )
     }
 
@@ -507,13 +512,133 @@ mod tests {
         let mut asks = request(json_mode);
         asks["messages"][0]["content"] = json!("Answer in JSON.");
         let valid = validate(asks).unwrap();
-        assert_eq!(valid.generate.response_format, ResponseFormat::JsonObject);
+        assert_eq!(
+            valid.generate.response_format,
+            engine::ResponseFormat::JsonObject
+        );
         assert_eq!(
             rejected_param(json!({"response_format": {"type": "json_schema"}})),
+            "response_format.json_schema"
+        );
+        assert_eq!(
+            rejected_param(json!({"response_format": {"type": "yaml"}})),
             "response_format.type"
         );
         let text = validate(request(json!({"response_format": {"type": "text"}}))).unwrap();
-        assert_eq!(text.generate.response_format, ResponseFormat::Text);
+        assert_eq!(text.generate.response_format, engine::ResponseFormat::Text);
+    }
+
+    fn weather_tool(name: &str) -> serde_json::Value {
+        json!({"type": "function", "function": {"name": name, "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]
+        }}})
+    }
+
+    #[test]
+    fn tools_turn_into_an_envelope_grammar_and_instructions() {
+        let valid = validate(request(json!({
+            "tools": [weather_tool("get_weather"), weather_tool("get_time")],
+            "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+            "parallel_tool_calls": false
+        })))
+        .unwrap();
+        let engine::ResponseFormat::Lark(grammar) = &valid.generate.response_format else {
+            panic!("tools constrain the answer with a grammar");
+        };
+        assert!(grammar.starts_with("start: calls\n"), "named: calls only");
+        assert!(grammar.contains("get_time") && !grammar.contains("call_0:"));
+        assert!(!grammar.contains("more_1"), "not parallel: one call");
+        assert_eq!(
+            valid.structured.reply,
+            structured::Reply::Envelope {
+                json_response: false
+            }
+        );
+        assert!(valid.prompt.contains("Call the function get_time"));
+        let auto = validate(request(json!({"tools": [weather_tool("get_weather")]}))).unwrap();
+        let engine::ResponseFormat::Lark(grammar) = &auto.generate.response_format else {
+            panic!("a grammar");
+        };
+        assert!(grammar.starts_with("start: calls | reply"));
+        let none = validate(request(json!({
+            "tools": [weather_tool("get_weather")], "tool_choice": "none"
+        })))
+        .unwrap();
+        assert_eq!(none.generate.response_format, engine::ResponseFormat::Text);
+        assert!(!none.prompt.contains("get_weather"));
+    }
+
+    #[test]
+    fn tool_rules_name_the_field() {
+        let tools = json!([weather_tool("get_weather")]);
+        for (extra, param) in [
+            (
+                json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+                "tool_choice",
+            ),
+            (
+                json!({"tools": tools, "tool_choice": "sometimes"}),
+                "tool_choice",
+            ),
+            (json!({"tool_choice": "required"}), "tool_choice"),
+            (json!({"tools": [{"type": "retrieval"}]}), "tools[0].type"),
+            (
+                json!({"tools": [weather_tool("bad name!")]}),
+                "tools[0].function.name",
+            ),
+            (
+                json!({"tools": [weather_tool("a"), weather_tool("a")]}),
+                "tools[1].function.name",
+            ),
+            (
+                json!({"tools": (0..129).map(|i| weather_tool(&format!("f{i}"))).collect::<Vec<_>>()}),
+                "tools",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}]}),
+                "tools[0].function.parameters",
+            ),
+        ] {
+            assert_eq!(rejected_param(extra.clone()), param, "{extra}");
+        }
+        let mut deep = json!({"type": "string"});
+        for _ in 0..40 {
+            deep = json!({"type": "array", "items": deep});
+        }
+        let format =
+            json!({"type": "json_schema", "json_schema": {"name": "deep", "schema": deep}});
+        assert_eq!(
+            rejected_param(json!({"response_format": format})),
+            "response_format.json_schema.schema"
+        );
+    }
+
+    #[test]
+    fn tool_turns_render_in_the_envelope_and_results_name_their_call() {
+        let valid = validate(request(json!({"messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "21C"}]}
+        ]})))
+        .unwrap();
+        assert!(
+            valid.prompt.contains(
+                r#"{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}"#
+            ),
+            "{}",
+            valid.prompt
+        );
+        assert!(valid
+            .prompt
+            .contains(r#""name":"get_weather","tool_call_id":"call_1""#));
+        assert_eq!(
+            rejected_param(json!({"messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "tool", "tool_call_id": "call_9", "content": "42"}
+            ]})),
+            "messages[1].tool_call_id"
+        );
     }
 
     #[test]
@@ -679,7 +804,7 @@ mod tests {
                 {"role": "user", "content": "Hi"},
                 {"role": "tool", "content": "42"}
             ]})),
-            "messages[1].role"
+            "messages[1].tool_call_id"
         );
         assert_eq!(
             rejected_param(json!({"messages": [{"role": "robot", "content": "Hi"}]})),

@@ -52,6 +52,7 @@ fn user(content: &str) -> Vec<ChatMessage> {
     vec![ChatMessage {
         role: "user".into(),
         content: content.into(),
+        ..ChatMessage::default()
     }]
 }
 
@@ -90,6 +91,7 @@ fn finish_reason_name(reason: FinishReason) -> &'static str {
     match reason {
         FinishReason::Stop => "stop",
         FinishReason::Length => "length",
+        FinishReason::ToolCalls => "tool_calls",
         FinishReason::Unspecified => "unspecified",
     }
 }

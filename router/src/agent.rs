@@ -388,6 +388,13 @@ pub struct AgentSpec {
     /// users, and must be absent for system agents (see [`AgentSpec::verifier_policy`]).
     #[serde(default)]
     pub verifier: Option<VerifierPolicy>,
+    /// Functions the agent may call when a request brings none: OpenAI `tools` entries
+    /// (`{"type": "function", "function": {...}}`), checked like a request's.
+    #[serde(default)]
+    pub tools: Vec<serde_json::Value>,
+    /// The answer's shape when a request sets none: an OpenAI `response_format` object.
+    #[serde(default)]
+    pub response_format: Option<serde_json::Value>,
 }
 
 fn default_kind() -> AgentKind {
@@ -420,6 +427,8 @@ impl AgentSpec {
             tokens_per_minute: None,
             kv_reserve_tokens: Self::DEFAULT_KV_RESERVE_TOKENS,
             verifier: None,
+            tools: Vec::new(),
+            response_format: None,
         }
     }
 

@@ -26,6 +26,7 @@ use axum::Json;
 use engine::{FinishReason, TokenLogprob};
 use tokenizers::Tokenizer;
 
+use crate::api::tools::{FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta};
 use crate::api::{
     self, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
     ChoiceLogprobs, ChunkChoice, ChunkDelta, StreamEvent,
@@ -38,6 +39,8 @@ use crate::limits::Admission;
 use crate::logprobs;
 use crate::openapi::GenerationErrors;
 use crate::session::Echo;
+use crate::tool_calls::{self, EnvelopeReader, Piece};
+use crate::validate::structured::{self, Reply};
 use crate::validate::{validate_chat, ValidChatRequest};
 
 /// What an engine stream that ends without its final event tells the client.
@@ -79,6 +82,7 @@ pub async fn create(
         }
     }
     let model_info = state.model();
+    let limits = state.structured_limits();
     let ValidChatRequest {
         model,
         prompt_tokens,
@@ -87,12 +91,14 @@ pub async fn create(
         stream,
         include_usage,
         logprobs,
+        structured,
         ..
-    } = validate_chat(request, model_info)?;
+    } = validate_chat(request, model_info, limits)?;
+    let warnings = structured::compile(model_info, &structured, limits).await?;
     let choices = Choices::submit(&state, &admission, vec![(prompt_tokens, generate)], n).await?;
     let answer = Answer {
         tokenizer: logprobs.map(|_| model_info.tokenizer.clone()),
-        ..Answer::new(model, include_usage)
+        ..Answer::new(model, include_usage).replying(structured.reply, n)
     };
     if !stream {
         let (collected, usage) = choices.collect().await?;
@@ -101,14 +107,15 @@ pub async fn create(
         let choices = collected
             .into_iter()
             .enumerate()
-            .map(|(index, choice)| ChatChoice {
-                index: index as u32,
-                logprobs: answer.logprobs(&choice.logprobs),
-                message: AssistantMessage {
-                    role: "assistant",
-                    content: choice.text,
-                },
-                finish_reason: choice.finish_reason.unwrap_or(api::FinishReason::Stop),
+            .map(|(index, choice)| {
+                let reason = choice.finish_reason.unwrap_or(api::FinishReason::Stop);
+                let (message, finish_reason) = answer.message(choice.text, reason);
+                ChatChoice {
+                    index: index as u32,
+                    logprobs: answer.logprobs(&choice.logprobs),
+                    message,
+                    finish_reason,
+                }
             })
             .collect();
         let completion = ChatCompletion {
@@ -120,10 +127,37 @@ pub async fn create(
             usage,
             swarm: None,
         };
-        return Ok((echo, Json(completion).into_response()));
+        return Ok((echo, warned(Json(completion).into_response(), &warnings)));
     }
     let frames = choices.stream(answer, state.metrics().clone()).await?;
-    Ok((echo, sse_response(turn.record(frames))))
+    Ok((echo, warned(sse_response(turn.record(frames)), &warnings)))
+}
+
+/// The response header naming what lenient schemas lost.
+pub(crate) const SCHEMA_WARNINGS: &str = "x-swarmgate-schema-warnings";
+
+/// `response` with the schema warnings, if any, in [`SCHEMA_WARNINGS`].
+pub(crate) fn warned(mut response: Response, warnings: &[String]) -> Response {
+    if warnings.is_empty() {
+        return response;
+    }
+    // Header values are visible ASCII; the warnings are joined and anything else replaced.
+    let text: String = warnings
+        .join("; ")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                c
+            } else {
+                '?'
+            }
+        })
+        .take(4096)
+        .collect();
+    if let Ok(value) = axum::http::HeaderValue::from_str(&text) {
+        response.headers_mut().insert(SCHEMA_WARNINGS, value);
+    }
+    response
 }
 
 /// What the completion, or every chunk, of one answer shares.
@@ -134,6 +168,10 @@ pub(crate) struct Answer {
     /// Set when the client asked for log-probabilities: turns token ids into text and bytes.
     pub(crate) tokenizer: Option<Arc<Tokenizer>>,
     pub(crate) include_usage: bool,
+    /// How the text reads back: content, or a tool-call envelope.
+    pub(crate) reply: Reply,
+    /// Per choice, with an envelope: its reader.
+    pub(crate) readers: Vec<EnvelopeReader>,
 }
 
 impl Answer {
@@ -145,7 +183,94 @@ impl Answer {
             model,
             tokenizer: None,
             include_usage,
+            reply: Reply::Text,
+            readers: Vec::new(),
         }
+    }
+
+    /// The same answer, its `n` choices' text read back as `reply` says.
+    pub(crate) fn replying(mut self, reply: Reply, n: usize) -> Self {
+        if let Reply::Envelope { json_response } = reply {
+            self.readers = (0..n).map(|_| EnvelopeReader::new(json_response)).collect();
+        }
+        self.reply = reply;
+        self
+    }
+
+    /// A whole choice's message, and its finish reason (`tool_calls` when it made calls).
+    pub(crate) fn message(
+        &self,
+        text: String,
+        reason: api::FinishReason,
+    ) -> (AssistantMessage, api::FinishReason) {
+        let Reply::Envelope { json_response } = self.reply else {
+            return (AssistantMessage::text(text), reason);
+        };
+        let complete = reason != api::FinishReason::Length;
+        let (content, calls) = tool_calls::read_all(&text, json_response, complete);
+        if calls.is_empty() {
+            return (AssistantMessage::text(content), reason);
+        }
+        let calls = calls
+            .into_iter()
+            .map(|(id, name, arguments)| ToolCall {
+                id,
+                kind: "function".into(),
+                function: FunctionCall { name, arguments },
+            })
+            .collect();
+        let message = AssistantMessage {
+            content: None,
+            tool_calls: Some(calls),
+            ..AssistantMessage::text(String::new())
+        };
+        let reason = match reason {
+            api::FinishReason::Stop => api::FinishReason::ToolCalls,
+            other => other,
+        };
+        (message, reason)
+    }
+
+    /// The delta of `pieces` an envelope reader gave.
+    fn envelope_delta(pieces: Vec<Piece>) -> Option<ChunkDelta> {
+        if pieces.is_empty() {
+            return None;
+        }
+        let mut delta = ChunkDelta::default();
+        let mut calls: Vec<ToolCallDelta> = Vec::new();
+        for piece in pieces {
+            match piece {
+                Piece::Content(text) => delta
+                    .content
+                    .get_or_insert_with(String::new)
+                    .push_str(&text),
+                Piece::Call { index, id, name } => calls.push(ToolCallDelta {
+                    index: index as u32,
+                    id: Some(id),
+                    kind: Some("function"),
+                    function: FunctionCallDelta {
+                        name: Some(name),
+                        arguments: String::new(),
+                    },
+                }),
+                Piece::Arguments { index, fragment } => match calls.last_mut() {
+                    Some(last) if last.index == index as u32 => {
+                        last.function.arguments.push_str(&fragment)
+                    }
+                    _ => calls.push(ToolCallDelta {
+                        index: index as u32,
+                        id: None,
+                        kind: None,
+                        function: FunctionCallDelta {
+                            name: None,
+                            arguments: fragment,
+                        },
+                    }),
+                },
+            }
+        }
+        delta.tool_calls = (!calls.is_empty()).then_some(calls);
+        Some(delta)
     }
 
     fn logprobs(&self, logprobs: &[TokenLogprob]) -> Option<ChoiceLogprobs> {
@@ -199,6 +324,7 @@ impl ChunkFormat for Answer {
         let delta = ChunkDelta {
             role: Some("assistant"),
             content: Some(String::new()),
+            tool_calls: None,
         };
         Some(self.choice_chunk(index, delta, None, None))
     }
@@ -219,15 +345,38 @@ impl ChunkFormat for Answer {
         if text.is_empty() && logprobs.is_empty() {
             return None;
         }
-        let delta = ChunkDelta {
-            role: None,
-            content: Some(text),
+        let delta = match self.readers.get_mut(index) {
+            Some(reader) => Self::envelope_delta(reader.push(&text)),
+            None => (!text.is_empty()).then(|| ChunkDelta {
+                content: Some(text),
+                ..ChunkDelta::default()
+            }),
         };
+        // Without news in the text, only log-probabilities are worth a chunk.
+        if delta.is_none() && logprobs.is_empty() {
+            return None;
+        }
+        let delta = delta.unwrap_or_else(|| ChunkDelta {
+            content: Some(String::new()),
+            ..ChunkDelta::default()
+        });
         Some(self.choice_chunk(index, delta, self.logprobs(logprobs), None))
     }
 
-    fn finished(&self, index: usize, reason: api::FinishReason) -> ChatCompletionChunk {
-        self.choice_chunk(index, ChunkDelta::default(), None, Some(reason))
+    fn finished(&mut self, index: usize, reason: api::FinishReason) -> ChatCompletionChunk {
+        let (delta, reason) = match self.readers.get_mut(index) {
+            Some(reader) => {
+                let complete = reason != api::FinishReason::Length;
+                let rest = Self::envelope_delta(reader.finish(complete));
+                let reason = match reason {
+                    api::FinishReason::Stop if reader.calls() > 0 => api::FinishReason::ToolCalls,
+                    other => other,
+                };
+                (rest.unwrap_or_default(), reason)
+            }
+            None => (ChunkDelta::default(), reason),
+        };
+        self.choice_chunk(index, delta, None, Some(reason))
     }
 }
 
@@ -273,9 +422,8 @@ mod tests {
         Answer {
             id: "chatcmpl-test".into(),
             created: 1,
-            model: "m".into(),
             tokenizer: logprobs.then(tokenizer),
-            include_usage,
+            ..Answer::new("m".into(), include_usage)
         }
     }
 
@@ -352,6 +500,53 @@ mod tests {
         );
         assert_eq!(sent[5], "[DONE]");
         assert_eq!(sent.len(), 6);
+    }
+
+    #[tokio::test]
+    async fn tool_calls_stream_as_openai_deltas() {
+        let envelope = Answer::new("m".into(), false).replying(
+            Reply::Envelope {
+                json_response: false,
+            },
+            1,
+        );
+        let events = vec![
+            delta("{\"tool_calls\": [{\"name\": \"f\", \"argu"),
+            delta("ments\": {\"x\": "),
+            delta("1}}]}"),
+            finished(FinishReason::Stop, None),
+        ];
+        let sent = stream(envelope, events).await;
+        let deltas: Vec<&Value> = sent.iter().map(|c| &c["choices"][0]["delta"]).collect();
+        assert_eq!(deltas[0], &json!({"role": "assistant", "content": ""}));
+        let first = &deltas[1]["tool_calls"][0];
+        assert_eq!(first["index"], 0);
+        assert_eq!(first["type"], "function");
+        assert_eq!(
+            first["function"],
+            json!({"name": "f", "arguments": "{\"x\": "})
+        );
+        assert!(first["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(
+            deltas[2],
+            &json!({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]})
+        );
+        assert_eq!(sent[3]["choices"][0]["finish_reason"], "tool_calls");
+        assert!(sent.iter().all(|c| c["choices"][0]["delta"]["content"]
+            .as_str()
+            .is_none_or(|t| !t.contains('{'))));
+        let (message, reason) = Answer::new("m".into(), false)
+            .replying(
+                Reply::Envelope {
+                    json_response: false,
+                },
+                1,
+            )
+            .message(r#"{"response": "Hi"}"#.into(), api::FinishReason::Stop);
+        assert_eq!(
+            (message.content.as_deref(), reason),
+            (Some("Hi"), api::FinishReason::Stop)
+        );
     }
 
     #[tokio::test]

@@ -338,9 +338,9 @@ pub trait ChunkFormat {
         logprobs: &[TokenLogprob],
     ) -> Option<Self::Chunk>;
     /// The last chunk of choice `index`.
-    fn finished(&self, index: usize, reason: api::FinishReason) -> Self::Chunk;
+    fn finished(&mut self, index: usize, reason: api::FinishReason) -> Self::Chunk;
     /// The last chunk of a choice that failed: `finish_reason: "error"` and `error`.
-    fn failed(&self, index: usize, error: ErrorBody) -> Self::Chunk {
+    fn failed(&mut self, index: usize, error: ErrorBody) -> Self::Chunk {
         let mut chunk = self.finished(index, api::FinishReason::Error);
         chunk.set_error(error);
         chunk
@@ -516,7 +516,7 @@ pub(crate) mod tests {
             None
         }
 
-        fn finished(&self, _: usize, _: api::FinishReason) -> Self::Chunk {
+        fn finished(&mut self, _: usize, _: api::FinishReason) -> Self::Chunk {
             unreachable!("the stream never ends")
         }
     }

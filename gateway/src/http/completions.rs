@@ -221,7 +221,7 @@ impl ChunkFormat for TextAnswer {
         Some(self.choice_chunk(index, text, logprobs, None))
     }
 
-    fn finished(&self, index: usize, reason: api::FinishReason) -> CompletionChunk {
+    fn finished(&mut self, index: usize, reason: api::FinishReason) -> CompletionChunk {
         self.choice_chunk(index, String::new(), None, Some(reason))
     }
 }

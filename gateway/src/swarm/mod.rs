@@ -44,6 +44,7 @@ use crate::http::choices::{Choices, Collected, Events};
 use crate::http::swarm::{route_response, Swarm, AUTO_MODEL, SWARM_MODEL};
 use crate::limits::Admission;
 use crate::session::Turn;
+use crate::validate::structured;
 use crate::validate::swarm::validate_route;
 use crate::validate::{validate_chat, ValidChatRequest};
 
@@ -93,10 +94,17 @@ pub async fn create(
     let stream = request.options.stream.unwrap_or(false);
     let mut policy = agent.verifier_policy().unwrap_or_default();
     policy.checks.json |= wants_json(&request);
+    // Tool calls and schema answers are valid by construction: no prose for the verifier to
+    // judge, and nothing a retry could fix.
+    let reply = run.prepare(&agent, &request, &[])?.structured;
+    if reply.format != engine::ResponseFormat::Text {
+        policy.enabled = false;
+    }
+    let reply = reply.reply;
     if let Some(consensus) = consensus {
         let outcome = consensus.run(&mut run, &request, agent).await?;
         turn.commit(&outcome.text).await?;
-        return respond::whole(run, report, outcome, stream, &request);
+        return respond::whole(run, report, outcome, stream, &request, reply);
     }
     if stream && (!policy.enabled || policy.stream_mode == router::StreamMode::Provisional) {
         let valid = run.prepare(&agent, &request, &[])?;
@@ -113,7 +121,29 @@ pub async fn create(
     }
     let outcome = run.answer(&registry, &request, agent, policy).await?;
     turn.commit(&outcome.text).await?;
-    respond::whole(run, report, outcome, stream, &request)
+    respond::whole(run, report, outcome, stream, &request, reply)
+}
+
+/// The agent's default `tools` and `response_format`, where the request brings none.
+fn agent_defaults(agent: &AgentSpec, request: &mut ChatCompletionRequest) -> Result<(), ApiError> {
+    let broken = |field: &str, e: serde_json::Error| {
+        ApiError::Internal(format!(
+            "agent {}: its {field} do not parse: {e}",
+            agent.name
+        ))
+    };
+    if request.tools.is_none() && !agent.tools.is_empty() {
+        let tools = serde_json::Value::Array(agent.tools.clone());
+        request.tools = Some(serde_json::from_value(tools).map_err(|e| broken("tools", e))?);
+    }
+    if request.response_format.is_none() {
+        if let Some(format) = &agent.response_format {
+            request.response_format = Some(
+                serde_json::from_value(format.clone()).map_err(|e| broken("response_format", e))?,
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The agent named `name`, which must answer users.
@@ -215,6 +245,7 @@ impl Run {
                 .insert(0, message("system", agent.system_prompt.clone()));
         }
         request.messages.extend(extra.iter().cloned());
+        agent_defaults(agent, &mut request)?;
         let defaults = &agent.sampling;
         let options = &mut request.options;
         let widen = |v: Option<f32>| v.map(f64::from);
@@ -237,7 +268,7 @@ impl Run {
         if options.stop.is_none() {
             options.stop = defaults.stop.clone().map(Stop::Many);
         }
-        validate_chat(request, model)
+        validate_chat(request, model, self.state.structured_limits())
     }
 
     /// Submits `valid` as `agent`'s generation: charged to the agent's budget and the caller's,
@@ -247,6 +278,8 @@ impl Run {
         agent: &AgentSpec,
         valid: &ValidChatRequest,
     ) -> Result<Events, ApiError> {
+        let model = self.state.model();
+        structured::compile(model, &valid.structured, self.state.structured_limits()).await?;
         let cost = (valid.prompt_tokens + valid.generate.max_tokens) as u64;
         let name = agent.name.as_str();
         let charge = self
@@ -533,5 +566,6 @@ fn message(role: &str, text: String) -> ChatMessage {
     ChatMessage {
         role: role.to_owned(),
         content: Some(MessageContent::Text(text)),
+        ..ChatMessage::default()
     }
 }

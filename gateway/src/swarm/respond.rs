@@ -11,10 +11,11 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::{skipped, verdict_report, Generated, Outcome, Run};
 use crate::api::swarm::SwarmReport;
-use crate::api::{self, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest};
+use crate::api::{self, ChatChoice, ChatCompletion, ChatCompletionRequest};
 use crate::http::chat::Answer;
 use crate::http::choices::{sse_response, Choices, ChunkFormat, Events, Frame, Update};
 use crate::session::Turn;
+use crate::validate::structured::Reply;
 use crate::validate::ValidChatRequest;
 
 /// The header that names the agent whose answer the response carries.
@@ -30,6 +31,7 @@ pub(crate) fn whole(
     outcome: Outcome,
     stream: bool,
     request: &ChatCompletionRequest,
+    reply: Reply,
 ) -> Result<Response, crate::error::ApiError> {
     let usage = run.usage();
     let agent = outcome.agent.name.to_string();
@@ -38,7 +40,7 @@ pub(crate) fn whole(
     report.consensus = outcome.consensus;
     report.usage = run.hops;
     let response = if stream {
-        let mut answer = Answer::new(agent.clone(), include_usage(request));
+        let mut answer = Answer::new(agent.clone(), include_usage(request)).replying(reply, 1);
         let mut opening = answer.opening(0).expect("chat opens every choice");
         opening.swarm = Some(report);
         let frames: Vec<_> = std::iter::once(opening)
@@ -50,7 +52,8 @@ pub(crate) fn whole(
             .collect();
         sse_response(stream::iter(frames))
     } else {
-        let answer = Answer::new(agent.clone(), false);
+        let answer = Answer::new(agent.clone(), false).replying(reply, 1);
+        let (message, finish_reason) = answer.message(outcome.text, outcome.finish_reason);
         Json(ChatCompletion {
             id: answer.id,
             object: "chat.completion",
@@ -58,12 +61,9 @@ pub(crate) fn whole(
             model: agent.clone(),
             choices: vec![ChatChoice {
                 index: 0,
-                message: AssistantMessage {
-                    role: "assistant",
-                    content: outcome.text,
-                },
+                message,
                 logprobs: None,
-                finish_reason: outcome.finish_reason,
+                finish_reason,
             }],
             usage,
             swarm: Some(report),
@@ -99,7 +99,7 @@ pub(crate) fn live(mut run: Run, mut report: SwarmReport, live: Live, turn: Turn
     let name = agent.name.to_string();
     let mut answer = Answer {
         tokenizer: valid.logprobs.map(|_| run.state.model().tokenizer.clone()),
-        ..Answer::new(name.clone(), include_usage)
+        ..Answer::new(name.clone(), include_usage).replying(valid.structured.reply.clone(), 1)
     };
     let (tx, rx) = mpsc::channel(LIVE_BUFFER);
     tokio::spawn(async move {

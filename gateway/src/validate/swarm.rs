@@ -51,6 +51,7 @@ mod tests {
         ChatMessage {
             role: role.into(),
             content: Some(MessageContent::Text(text.into())),
+            ..ChatMessage::default()
         }
     }
 
@@ -104,7 +105,7 @@ mod tests {
             Some("strategy")
         );
         let bad_role = RouteRequest {
-            messages: vec![message("tool", "hi")],
+            messages: vec![message("robot", "hi")],
             strategy: None,
         };
         assert_eq!(

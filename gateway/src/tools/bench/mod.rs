@@ -54,6 +54,11 @@ pub struct BenchArgs {
     /// Print one JSON object per level (sweep) or per run (shared-prefix) instead of a table.
     #[arg(long)]
     json: bool,
+    /// Sweep: every request's answer is constrained by a JSON schema (a long array of short
+    /// strings, which no answer completes within --max-tokens), and the prompts ask for one;
+    /// compare with a run without it for the grammar's cost.
+    #[arg(long)]
+    constrained: bool,
     #[command(flatten)]
     engine: EngineConfig,
 }

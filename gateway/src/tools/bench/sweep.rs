@@ -4,6 +4,10 @@
 //! next, until the level's requests are done. Prompts cycle through a fixed, varied set of chat
 //! turns; every request decodes exactly `--max-tokens` tokens (EOS ignored) so levels compare.
 //!
+//! With `--constrained`, each request's answer must follow [`constrained_format`] and the turns
+//! ask for it, so every token goes through the grammar: run it and a plain sweep one after the
+//! other for the cost of constrained decoding.
+//!
 //! Reported per level: aggregate decode tokens/s (generated tokens over the level's wall time),
 //! prefill tokens/s (prompt tokens over the engine's forward time spent on them), time to first
 //! token p50/p95 and inter-token latency p50 (gaps between a request's consecutive tokens).
@@ -13,7 +17,9 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::Result;
-use engine::{ChatMessage, EngineHandle, EngineStats, GenerateRequest, Prompt, SamplingParams};
+use engine::{
+    ChatMessage, EngineHandle, EngineStats, GenerateRequest, Prompt, ResponseFormat, SamplingParams,
+};
 use indicatif::ProgressBar;
 use serde::Serialize;
 
@@ -45,9 +51,21 @@ pub(super) fn run(args: &BenchArgs) -> Result<()> {
     };
     let max_tokens = args.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     let engine = EngineHandle::start(&args.engine)?;
+    let format = if args.constrained {
+        constrained_format()
+    } else {
+        ResponseFormat::Text
+    };
     let prompts = CHAT_QUESTIONS
         .iter()
-        .map(|q| engine.render_chat(&[ChatMessage::new("user", *q)]))
+        .map(|q| {
+            let mut turns = vec![ChatMessage::new("user", *q)];
+            if args.constrained {
+                let ask = "Answer with a JSON array of short strings, one idea each.";
+                turns.insert(0, ChatMessage::new("system", ask));
+            }
+            engine.render_chat(&turns)
+        })
         .collect::<engine::Result<Vec<_>>>()?;
     let requests = |c: usize| args.requests.unwrap_or((2 * c).max(8));
     let total: usize = levels.iter().map(|&c| requests(c) * max_tokens).sum();
@@ -55,7 +73,7 @@ pub(super) fn run(args: &BenchArgs) -> Result<()> {
     let mut reports = Vec::new();
     for &c in levels {
         bar.set_message(format!("concurrency {c:>3}"));
-        let report = run_level(&engine, &prompts, c, requests(c), max_tokens, &bar)?;
+        let report = run_level(&engine, &prompts, &format, c, requests(c), max_tokens, &bar)?;
         reports.push(report);
     }
     bar.finish_and_clear();
@@ -90,9 +108,22 @@ pub(super) fn run(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// The schema of `--constrained`: an array no answer completes within a benchmark's tokens.
+fn constrained_format() -> ResponseFormat {
+    ResponseFormat::JsonSchema {
+        schema: serde_json::json!({
+            "type": "array",
+            "items": {"type": "string", "maxLength": 40},
+            "minItems": 4096
+        }),
+        strict: true,
+    }
+}
+
 fn run_level(
     engine: &EngineHandle,
     prompts: &[String],
+    format: &ResponseFormat,
     concurrency: usize,
     requests: usize,
     max_tokens: usize,
@@ -106,6 +137,7 @@ fn run_level(
             sampling: SamplingParams::greedy(),
             max_tokens,
             ignore_eos: true,
+            response_format: format.clone(),
             ..GenerateRequest::new(Prompt::Text(prompts[i % prompts.len()].clone()))
         };
         let outcome = stream_request(engine, request, |n| bar.inc(n as u64))?;

@@ -8,10 +8,12 @@
 //!   multi-turn conversations, run with prefix caching on and then off, for what the cache saves.
 //! - [`overhead`]: a one-token chat through the engine's API and through HTTP, for what the
 //!   gateway adds.
+//! - [`grammar`]: cold compiles of structured requests' grammars.
 //!
 //! Everything runs on plain threads: the engine's event streams have a blocking reader, and a
 //! benchmark gains nothing from an async runtime.
 
+mod grammar;
 mod overhead;
 mod shared_prefix;
 mod sweep;
@@ -30,7 +32,9 @@ pub struct BenchArgs {
     /// What to run: `sweep` measures throughput and latency at each concurrency level;
     /// `shared-prefix` runs an agent workload with prefix caching on, then off (whatever
     /// --prefix-cache says), and compares; `gateway-overhead` times a one-token chat through the
-    /// engine's API and through HTTP (--requests pairs, default 100).
+    /// engine's API and through HTTP (--requests pairs, default 100); `grammar-compile` times
+    /// cold compiles of the test suites' schemas and a tool envelope (--requests each,
+    /// default 20).
     #[arg(long, value_enum, default_value_t = Scenario::Sweep)]
     scenario: Scenario,
     /// Concurrency levels, comma-separated (sweep default: 1,4,16,32; shared-prefix: one
@@ -68,6 +72,7 @@ enum Scenario {
     Sweep,
     SharedPrefix,
     GatewayOverhead,
+    GrammarCompile,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -78,6 +83,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Scenario::Sweep => sweep::run(&args),
         Scenario::SharedPrefix => shared_prefix::run(&args),
         Scenario::GatewayOverhead => overhead::run(&args),
+        Scenario::GrammarCompile => grammar::run(&args),
     }
 }
 

@@ -1,10 +1,11 @@
 //! Chat requests to the swarm end to end on the real models, in process through `app()`: the
 //! routing decision in the header and the `swarm` object, verify-then-release with a retry
 //! served from the prefix cache, consensus samples sharing engine steps, per-hop accounting,
-//! per-agent budgets and metrics, and both stream modes.
+//! per-agent budgets and metrics, both stream modes, and tool calls through the swarm.
 //!
-//! The swarm is the shipped `swarm.toml` with two changes for the tests: `support` requires
-//! JSON answers (retrying once), and `analyst` has a budget small enough to run out.
+//! The swarm is the shipped `swarm.toml` with three changes for the tests: `support` requires
+//! JSON answers (retrying once), `analyst` has a budget small enough to run out, and `coder`
+//! has a default tool.
 
 mod support;
 
@@ -47,12 +48,23 @@ fn swarm() -> Swarm {
                     })
                 }
                 "analyst" => agent.tokens_per_minute = Some(ANALYST_BUDGET),
+                "coder" => agent.tools = vec![run_tool()],
                 _ => {}
             }
         }
         Swarm::new(config, engine().clone(), Some(Arc::new(embedder))).unwrap()
     });
     SWARM.clone()
+}
+
+/// `coder`'s default tool.
+fn run_tool() -> Value {
+    json!({"type": "function", "function": {"name": "run_python", "parameters": {
+        "type": "object",
+        "properties": {"code": {"type": "string", "maxLength": 200}},
+        "required": ["code"],
+        "additionalProperties": false
+    }}})
 }
 
 fn state() -> AppState {
@@ -476,4 +488,69 @@ async fn invalid_swarm_requests_are_400s_naming_the_field() {
         StatusCode::NOT_FOUND,
         "system agents never answer"
     );
+}
+
+/// A tool call through the swarm: routed as any request, answered with a call valid against its
+/// schema, and not rejected by a JSON-checking verifier for being "not prose"; an agent's default
+/// tools apply when the request brings none.
+#[tokio::test]
+async fn tool_calls_pass_through_the_swarm_valid_by_construction() {
+    let _engine = generating().await;
+    let refund = json!({"type": "function", "function": {"name": "issue_refund", "parameters": {
+        "type": "object",
+        "properties": {"order_id": {"type": "string", "maxLength": 12}, "amount": {"type": "number"}},
+        "required": ["order_id", "amount"],
+        "additionalProperties": false
+    }}});
+    let answer = chat(
+        state(),
+        json!({
+            "model": "swarm",
+            "messages": [{"role": "user", "content":
+                "I was charged twice for order 1234. Please refund the duplicate payment of 20 dollars."}],
+            "tools": [refund],
+            "tool_choice": "required",
+            "parallel_tool_calls": false,
+            "max_tokens": 64,
+            "temperature": 0
+        }),
+    )
+    .await;
+    let body = answer.json();
+    assert_eq!(answer.status, StatusCode::OK, "{body}");
+    assert_eq!(answer.agent.as_deref(), Some("support"), "{body}");
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{body}");
+    assert!(choice["message"]["content"].is_null(), "{body}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "issue_refund");
+    let arguments: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        arguments["order_id"].as_str().unwrap().len() <= 12,
+        "{arguments}"
+    );
+    assert!(arguments["amount"].is_number(), "{arguments}");
+    assert_eq!(body["swarm"]["verdict"]["attempts"], 1, "no retry: {body}");
+    assert_ne!(body["swarm"]["verdict"]["status"], "failed", "{body}");
+
+    let answer = chat(
+        state(),
+        json!({
+            "model": "coder",
+            "messages": [{"role": "user", "content": "Run Python code that prints 2 + 2."}],
+            "tool_choice": "required",
+            "max_tokens": 64,
+            "temperature": 0
+        }),
+    )
+    .await;
+    let body = answer.json();
+    assert_eq!(answer.status, StatusCode::OK, "{body}");
+    let call = &body["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(
+        call["function"]["name"], "run_python",
+        "the agent's own tool: {body}"
+    );
+    wait_until_idle().await;
 }

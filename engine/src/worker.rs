@@ -266,7 +266,14 @@ impl Worker {
                     events,
                     slot,
                 } = *s;
-                self.admit(id, prompt, request, constraint, events, Origin::Client(slot));
+                self.admit(
+                    id,
+                    prompt,
+                    request,
+                    constraint,
+                    events,
+                    Origin::Client(slot),
+                );
             }
             Command::Pin { id, prompt, pinned } => {
                 let (events, rx) = tokio::sync::mpsc::unbounded_channel();

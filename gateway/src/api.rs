@@ -16,6 +16,7 @@ pub mod agents;
 pub mod completions;
 pub mod embeddings;
 pub mod models;
+pub mod responses;
 pub mod swarm;
 pub mod tools;
 pub mod verify;

@@ -24,6 +24,7 @@ use crate::auth::{self, Auth};
 use crate::config::ServeConfig;
 use crate::http;
 use crate::http::embeddings::Embeddings;
+use crate::http::responses::StoredResponses;
 use crate::http::swarm::Swarm;
 use crate::limits::{self, Limits};
 use crate::metrics::{self, Metrics};
@@ -54,6 +55,7 @@ struct Inner {
     auth: Auth,
     limits: Limits,
     sessions: Sessions,
+    responses: StoredResponses,
     metrics: Metrics,
 }
 
@@ -88,7 +90,8 @@ impl AppState {
                 structured: config.structured_limits(),
                 auth: Auth::new(&config.api_keys, &config.admin_keys, config.metrics_public),
                 limits: Limits::new(config, store.clone()),
-                sessions: Sessions::new(config, store),
+                sessions: Sessions::new(config, store.clone()),
+                responses: StoredResponses::new(config, store),
                 metrics: Metrics::new(),
             }),
             embeddings: None,
@@ -174,6 +177,11 @@ impl AppState {
         &self.inner.sessions
     }
 
+    /// The Responses API's stored responses.
+    pub fn responses(&self) -> &StoredResponses {
+        &self.inner.responses
+    }
+
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
     }
@@ -218,6 +226,11 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(http::chat::create))
         .route("/v1/completions", post(http::completions::create))
+        .route("/v1/responses", post(http::responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(http::responses::get).delete(http::responses::delete),
+        )
         .route("/v1/embeddings", post(http::embeddings::create))
         .route("/v1/swarm/verify", post(http::verify::verify))
         .route("/v1/models", get(http::models::list))

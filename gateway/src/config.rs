@@ -79,11 +79,12 @@ pub struct ServeConfig {
     #[arg(long, env = "SWARMGATE_REDIS")]
     pub redis: Option<String>,
     /// Seconds a conversation session (a chat request's `x-session-id` header, else its `user`)
-    /// keeps its history after its last request; 0 turns sessions off.
+    /// keeps its history after its last request, and a stored response (`POST /v1/responses`
+    /// with `store`) lives after it was last written or read; 0 turns both off.
     #[arg(long, env = "SWARMGATE_SESSION_TTL_SECS", default_value_t = 3600)]
     pub session_ttl_secs: u64,
-    /// Most bytes of history a session keeps; past it, its oldest turns are dropped (the system
-    /// message it began with stays).
+    /// Most bytes of history a session, or a stored response's input, keeps; past it, its oldest
+    /// turns are dropped (the system message it began with stays).
     #[arg(long, env = "SWARMGATE_SESSION_MAX_BYTES", default_value_t = 65536)]
     pub session_max_bytes: usize,
     /// Requests per minute per key (all traffic together when there are no keys); 0: no limit.

@@ -11,6 +11,7 @@
 //! | `Forbidden` | 403 | `permission_error` | its own (`admin_disabled`, ...) | `auth` |
 //! | `ModelNotFound` | 404 | `invalid_request_error` | `model_not_found` | `invalid` |
 //! | `AgentNotFound` | 404 | `invalid_request_error` | `agent_not_found` | `invalid` |
+//! | `ResponseNotFound` | 404 | `invalid_request_error` | — (as OpenAI) | `invalid` |
 //! | `Conflict` | 409 | `invalid_request_error` | its own (`agent_exists`, ...) | `invalid` |
 //! | `UnknownRoute` | 404 | `invalid_request_error` | `unknown_url` | `invalid` |
 //! | `MethodNotAllowed` | 405 | `invalid_request_error` | `method_not_allowed` | `invalid` |
@@ -76,6 +77,14 @@ pub enum ApiError {
     /// No agent of the swarm has this name.
     #[error("No agent named `{0}`.")]
     AgentNotFound(String),
+    /// No response stored for this caller has this id (never stored, deleted, expired, or
+    /// stored with another API key).
+    #[error("Response with id '{id}' not found.")]
+    ResponseNotFound {
+        id: String,
+        /// The request field that named it (`previous_response_id`), if any.
+        param: Option<&'static str>,
+    },
     /// The request contradicts what the server holds (a name taken, an agent the swarm needs).
     #[error("{message}")]
     Conflict { message: String, code: &'static str },
@@ -139,9 +148,10 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
-            Self::ModelNotFound(_) | Self::AgentNotFound(_) | Self::UnknownRoute { .. } => {
-                StatusCode::NOT_FOUND
-            }
+            Self::ModelNotFound(_)
+            | Self::AgentNotFound(_)
+            | Self::ResponseNotFound { .. }
+            | Self::UnknownRoute { .. } => StatusCode::NOT_FOUND,
             Self::Forbidden { .. } => StatusCode::FORBIDDEN,
             Self::Conflict { .. } => StatusCode::CONFLICT,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -162,6 +172,7 @@ impl ApiError {
             Self::InvalidRequest { .. } => ("invalid_request_error", None),
             Self::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
             Self::AgentNotFound(_) => ("invalid_request_error", Some("agent_not_found")),
+            Self::ResponseNotFound { .. } => ("invalid_request_error", None),
             Self::Forbidden { code, .. } => ("permission_error", Some(*code)),
             Self::Conflict { code, .. } => ("invalid_request_error", Some(*code)),
             Self::UnknownRoute { .. } => ("invalid_request_error", Some("unknown_url")),
@@ -181,6 +192,7 @@ impl ApiError {
             Self::InvalidRequest { param, .. } => param.clone(),
             Self::ModelNotFound(_) => Some("model".into()),
             Self::AgentNotFound(_) => Some("name".into()),
+            Self::ResponseNotFound { param, .. } => param.map(str::to_owned),
             _ => None,
         };
         let message = match self {
@@ -201,6 +213,7 @@ impl ApiError {
             Self::InvalidRequest { .. }
             | Self::ModelNotFound(_)
             | Self::AgentNotFound(_)
+            | Self::ResponseNotFound { .. }
             | Self::Conflict { .. }
             | Self::UnknownRoute { .. }
             | Self::MethodNotAllowed { .. } => "invalid",

@@ -429,7 +429,9 @@ impl From<ApiError> for Status {
     fn from(error: ApiError) -> Self {
         let code = match &error {
             ApiError::InvalidRequest { .. } => Code::InvalidArgument,
-            ApiError::ModelNotFound(_) | ApiError::AgentNotFound(_) => Code::NotFound,
+            ApiError::ModelNotFound(_)
+            | ApiError::AgentNotFound(_)
+            | ApiError::ResponseNotFound { .. } => Code::NotFound,
             ApiError::Forbidden { .. } => Code::PermissionDenied,
             ApiError::Conflict { .. } => Code::FailedPrecondition,
             // Routing is tonic's over gRPC; these are named so that every variant has a code.

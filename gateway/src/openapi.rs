@@ -13,6 +13,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoResponses, Modify, OpenApi};
 
 use crate::api::completions::CompletionChunk;
+use crate::api::responses::SequencedEvent;
 use crate::api::{ChatCompletionChunk, ErrorResponse};
 use crate::http;
 
@@ -29,6 +30,9 @@ use crate::http;
     paths(
         http::chat::create,
         http::completions::create,
+        http::responses::create,
+        http::responses::get,
+        http::responses::delete,
         http::embeddings::create,
         http::verify::verify,
         http::models::list,
@@ -42,7 +46,7 @@ use crate::http;
         crate::metrics::scrape,
     ),
     // The chunks travel inside stream events, where the spec cannot reference them.
-    components(schemas(ChatCompletionChunk, CompletionChunk)),
+    components(schemas(ChatCompletionChunk, CompletionChunk, SequencedEvent)),
     modifiers(&BearerKeys),
     tags(
         (name = "generation", description = "Text generation on the served model."),
@@ -105,6 +109,21 @@ pub enum AuthErrors {
     /// No API key, or a wrong one.
     #[response(status = 401)]
     Unauthorized(ErrorResponse),
+}
+
+/// What reading or deleting a stored response may fail with.
+#[derive(IntoResponses)]
+#[allow(dead_code)] // A description for the spec; responses are built by `ApiError`.
+pub enum StoredErrors {
+    /// No API key, or a wrong one.
+    #[response(status = 401)]
+    Unauthorized(ErrorResponse),
+    /// No response with this id is stored for this API key.
+    #[response(status = 404)]
+    NotFound(ErrorResponse),
+    /// The state store (Redis) does not answer (`state_store_unavailable`).
+    #[response(status = 503)]
+    Unavailable(ErrorResponse),
 }
 
 /// What the agent administration may fail with.

@@ -19,6 +19,9 @@ fn the_spec_covers_every_endpoint_and_error() {
     for (path, method) in [
         ("/v1/chat/completions", "post"),
         ("/v1/completions", "post"),
+        ("/v1/responses", "post"),
+        ("/v1/responses/{id}", "get"),
+        ("/v1/responses/{id}", "delete"),
         ("/v1/embeddings", "post"),
         ("/v1/swarm/verify", "post"),
         ("/v1/models", "get"),

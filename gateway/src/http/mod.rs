@@ -11,6 +11,7 @@ pub mod embeddings;
 pub mod health;
 pub mod json;
 pub mod models;
+pub mod responses;
 pub mod swarm;
 pub mod verify;
 

@@ -1,5 +1,6 @@
-//! [`MemoryStore`]: the rate-limit buckets and the session histories in this process's memory,
-//! each behind a mutex of its own; the histories and their bounds are [`history::Histories`].
+//! [`MemoryStore`]: the rate-limit buckets, the session histories and the stored responses in
+//! this process's memory, each behind a mutex of its own; the histories and their bounds are
+//! [`history::Histories`], the stored responses and theirs [`responses::Records`].
 //!
 //! A take or give-back is a hash lookup and a little arithmetic under the lock, never an await,
 //! so the lock is never held long. Memory: one small entry per bucket name. Names come from the
@@ -9,6 +10,7 @@
 //! buckets not yet full, whatever the traffic.
 
 mod history;
+mod responses;
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -19,6 +21,7 @@ use futures::future::{self, BoxFuture};
 use super::{HistoryLimit, Quota, StateStore, Take};
 use crate::error::ApiError;
 use history::Histories;
+use responses::Records;
 
 /// Entries at which adding a bucket first prunes the full ones.
 const PRUNE_AT: usize = 1024;
@@ -27,11 +30,16 @@ const PRUNE_AT: usize = 1024;
 /// recently used go first.
 pub const HISTORY_BUDGET_BYTES: usize = 64 << 20;
 
-/// Rate-limit buckets and session histories for a single gateway process.
+/// The most bytes the stored responses hold together (64 MiB): past it, the least recently used
+/// go first.
+pub const RESPONSE_BUDGET_BYTES: usize = 64 << 20;
+
+/// Rate-limit buckets, session histories and stored responses for a single gateway process.
 #[derive(Debug)]
 pub struct MemoryStore {
     buckets: Mutex<HashMap<String, Bucket>>,
     histories: Mutex<Histories>,
+    responses: Mutex<Records>,
 }
 
 impl Default for MemoryStore {
@@ -39,6 +47,7 @@ impl Default for MemoryStore {
         Self {
             buckets: Mutex::default(),
             histories: Mutex::new(Histories::new(HISTORY_BUDGET_BYTES)),
+            responses: Mutex::new(Records::new(RESPONSE_BUDGET_BYTES)),
         }
     }
 }
@@ -133,6 +142,11 @@ impl MemoryStore {
         // invariant), so a poisoned lock still guards a usable map.
         self.histories.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    fn responses(&self) -> MutexGuard<'_, Records> {
+        // As for the histories: every change leaves the records whole before it can panic.
+        self.responses.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl StateStore for MemoryStore {
@@ -175,6 +189,30 @@ impl StateStore for MemoryStore {
         self.histories()
             .append(name, opening, turn, limit, Instant::now());
         Box::pin(future::ready(Ok(())))
+    }
+
+    fn put_response<'a>(
+        &'a self,
+        name: &'a str,
+        record: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        self.responses().put(name, record, ttl, Instant::now());
+        Box::pin(future::ready(Ok(())))
+    }
+
+    fn response<'a>(
+        &'a self,
+        name: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<String>, ApiError>> {
+        let record = self.responses().get(name, ttl, Instant::now());
+        Box::pin(future::ready(Ok(record)))
+    }
+
+    fn delete_response<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, ApiError>> {
+        let deleted = self.responses().remove(name);
+        Box::pin(future::ready(Ok(deleted)))
     }
 }
 

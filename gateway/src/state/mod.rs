@@ -1,5 +1,5 @@
-//! Where the gateway keeps state that outlives a request: the rate-limit buckets and the
-//! conversation histories of sessions.
+//! Where the gateway keeps state that outlives a request: the rate-limit buckets, the
+//! conversation histories of sessions, and the stored responses of the Responses API.
 //!
 //! [`StateStore`] is the contract; [`memory::MemoryStore`] keeps the state in this process,
 //! which is right for one gateway; [`redis::RedisStore`] keeps it in Redis (`--redis URL`), so
@@ -17,6 +17,11 @@
 //! [`HistoryLimit`]: while its entries hold more than `max_bytes`, the oldest turn goes, though
 //! never the opening nor the turn just appended. Every read or append keeps the history for
 //! another `ttl`; one left alone that long is gone.
+//!
+//! A stored response is one record, an opaque text (the Responses API keeps JSON in it) under
+//! its name: put whole, read whole, deleted. Every put or read keeps it for another `ttl`. What a
+//! record holds, and how big it may grow, is its writer's business ([`crate::http::responses`]);
+//! the store only bounds them all together where it can (in memory, by a byte budget).
 
 pub mod memory;
 pub mod redis;
@@ -85,9 +90,9 @@ pub struct HistoryLimit {
     pub max_bytes: usize,
 }
 
-/// Rate-limit buckets and histories, by name. Names are opaque to the store (the limits use
-/// `"rpm:key:1a2b…"` and the like, the sessions `"key:1a2b…:<id>"`); a bucket and a history may
-/// share a name.
+/// Rate-limit buckets, histories and stored responses, by name. Names are opaque to the store
+/// (the limits use `"rpm:key:1a2b…"` and the like, the sessions `"key:1a2b…:<id>"`, the
+/// responses `"key:1a2b…:resp_…"`); a bucket, a history and a response may share a name.
 pub trait StateStore: Send + Sync {
     /// Takes `amount` from the bucket `name` if it holds that much; a bucket seen for the first
     /// time starts full. `amount` must not exceed the quota's capacity, or it is never granted.
@@ -123,6 +128,25 @@ pub trait StateStore: Send + Sync {
         turn: &'a str,
         limit: HistoryLimit,
     ) -> BoxFuture<'a, Result<(), ApiError>>;
+
+    /// Keeps `record` under `name` for `ttl`, replacing any record there.
+    fn put_response<'a>(
+        &'a self,
+        name: &'a str,
+        record: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), ApiError>>;
+
+    /// The record under `name`, kept for another `ttl`; `None` when there is none (never put,
+    /// deleted, expired, or dropped for the memory budget).
+    fn response<'a>(
+        &'a self,
+        name: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<String>, ApiError>>;
+
+    /// Deletes the record under `name`; whether there was one.
+    fn delete_response<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, ApiError>>;
 
     /// Whether the store can serve takes now, for the readiness probe; a store in this
     /// process always can.

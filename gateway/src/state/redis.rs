@@ -1,6 +1,7 @@
-//! [`RedisStore`]: the rate-limit buckets and the session histories in Redis, shared by every
-//! gateway replica that points at the same server, so a key's limit holds however many replicas
-//! serve it (60 a minute is 60 a minute in all), and a conversation continues on any replica.
+//! [`RedisStore`]: the rate-limit buckets, the session histories and the stored responses in
+//! Redis, shared by every gateway replica that points at the same server, so a key's limit holds
+//! however many replicas serve it (60 a minute is 60 a minute in all), a conversation continues
+//! on any replica, and a response stored by one is read (or chained from) on another.
 //!
 //! Each take or give-back is one Lua script ([`BUCKET`]), which Redis runs atomically: read the
 //! bucket, refill it for the time elapsed, take or give back, write it. Time is the Redis
@@ -13,6 +14,10 @@
 //! then the turns). A read is `LRANGE` and `PEXPIRE` in one transaction; an append is one Lua
 //! script ([`APPEND_TURN`]): push, trim the oldest turns past the cap, expire. So two replicas
 //! appending to one conversation at once both land, whole, one after the other.
+//!
+//! A stored response is a string under `swarmgate:response:<name>`: `SET … PX` puts it, `GET`
+//! and `PEXPIRE` in one transaction read it, `DEL` deletes it. Redis's own memory policy bounds
+//! them all together.
 //!
 //! The connection is a [`ConnectionManager`]: made lazily, shared by every request (commands are
 //! pipelined over it), and re-established after a failure. Every command has a deadline
@@ -131,6 +136,11 @@ fn history_key(name: &str) -> String {
     format!("swarmgate:session:{name}")
 }
 
+/// The key of the stored response `name`.
+fn response_key(name: &str) -> String {
+    format!("swarmgate:response:{name}")
+}
+
 /// `duration` in whole milliseconds, as `PEXPIRE` takes it (at least 1: 0 would delete the key).
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis())
@@ -206,6 +216,57 @@ impl StateStore for RedisStore {
                 .invoke_async::<u64>(&mut connection)
                 .await
                 .map(drop)
+                .map_err(unavailable)
+        })
+    }
+
+    fn put_response<'a>(
+        &'a self,
+        name: &'a str,
+        record: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), ApiError>> {
+        Box::pin(async move {
+            let mut connection = self.connection.clone();
+            redis::cmd("SET")
+                .arg(response_key(name))
+                .arg(record)
+                .arg("PX")
+                .arg(millis(ttl))
+                .query_async::<()>(&mut connection)
+                .await
+                .map_err(unavailable)
+        })
+    }
+
+    fn response<'a>(
+        &'a self,
+        name: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<String>, ApiError>> {
+        Box::pin(async move {
+            let mut connection = self.connection.clone();
+            let key = response_key(name);
+            let (record,): (Option<String>,) = redis::pipe()
+                .atomic()
+                .get(&key)
+                .pexpire(&key, millis(ttl))
+                .ignore()
+                .query_async(&mut connection)
+                .await
+                .map_err(unavailable)?;
+            Ok(record)
+        })
+    }
+
+    fn delete_response<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, ApiError>> {
+        Box::pin(async move {
+            let mut connection = self.connection.clone();
+            redis::cmd("DEL")
+                .arg(response_key(name))
+                .query_async::<u64>(&mut connection)
+                .await
+                .map(|deleted| deleted > 0)
                 .map_err(unavailable)
         })
     }

@@ -1,0 +1,518 @@
+//! OpenAI's Responses API: `POST /v1/responses` and the stored responses, `GET` and `DELETE
+//! /v1/responses/{id}`.
+//!
+//! A request is answered as the chat request it amounts to ([`input`]): the same validation,
+//! grammar (function tools, `text.format`), [`Admission`] (limits, deadlines, metrics) and
+//! engine path as `POST /v1/chat/completions`, with one answer. Its text becomes output items
+//! ([`output`]): a message with `output_text`, or `function_call` items when the answer is a
+//! tool-call envelope. Non-streamed, the response object; streamed, server-sent events
+//! `event: <type>` with `data` numbered by `sequence_number` from 0: `response.created`,
+//! `response.in_progress`, each item's events, then `response.completed` (or
+//! `response.incomplete` when `max_output_tokens` cut it, `response.failed` when generation
+//! failed after the headers), with no `[DONE]` after it. As for chat, a failure before the
+//! first token is still an error status.
+//!
+//! Stored responses ([`StoredResponses`], `store` defaults to `true`): once answered (streamed:
+//! before the last event goes out), the response is kept in the [`StateStore`] with the input it
+//! answered, under its caller and id, so another API key never sees it, and in Redis with
+//! `--redis`, so every replica does. `previous_response_id` puts that input and the response's
+//! output before the request's input (its `instructions` are not carried over); unknown, it is a
+//! 404. The store keeps a response `--session-ttl-secs` after its last use (0: nothing is
+//! stored, `store` reads back `false`) and its input within `--session-max-bytes`, dropping the
+//! oldest turns first ([`input::trim`]), as a session's history. A response that cannot be
+//! stored fails its request with 503 `state_store_unavailable`, or ends its stream with
+//! `response.failed` carrying that code: either way the client knows it was not kept.
+//!
+//! Not served here: the swarm's models (`model: "swarm"` is a 404 as any unknown model),
+//! background responses (`background: true` is a 400), and tools other than functions.
+
+mod input;
+mod output;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::HeaderValue;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response as HttpResponse};
+use axum::Json;
+use futures::{stream, Stream, StreamExt};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::api::responses::{
+    CreateResponse, DeletedResponse, FunctionTool, InputItem, Response, ResponseEvent,
+    ResponseInput, ResponseStatus, ResponseStreamEvent, SequencedEvent, TextConfig, TextFormat,
+};
+use crate::api::FinishReason;
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::config::ServeConfig;
+use crate::error::ApiError;
+use crate::http::chat::{unix_now, warned};
+use crate::http::choices::{Choices, Frame, KEEP_ALIVE};
+use crate::http::json::ApiJson;
+use crate::limits::Admission;
+use crate::openapi::{GenerationErrors, StoredErrors};
+use crate::state::{HistoryLimit, StateStore};
+use crate::validate::structured;
+use crate::validate::validate_chat;
+use output::{ended, failure, item_id, Batch, EventFormat, Output};
+
+/// Creates a model response.
+#[utoipa::path(post, path = "/v1/responses", tag = "generation",
+    request_body = CreateResponse,
+    responses(
+        (status = 200, description = "The response, or with `stream: true` server-sent events \
+            (`event: <type>`, a `SequencedEvent` as `data`) ended by `response.completed`, \
+            `response.incomplete` or `response.failed`, with no `[DONE]`.",
+            content((Response = "application/json"),
+                (ResponseStreamEvent = "text/event-stream"))),
+        GenerationErrors,
+    ),
+    security(("api_key" = [])))]
+pub async fn create(
+    State(state): State<AppState>,
+    admission: Admission,
+    ApiJson(mut request): ApiJson<CreateResponse>,
+) -> Result<HttpResponse, ApiError> {
+    let responses = state.responses();
+    let mut items = match &request.previous_response_id {
+        Some(id) => {
+            let previous = responses
+                .get(admission.caller, id, Some("previous_response_id"))
+                .await?;
+            previous.context()?
+        }
+        None => Vec::new(),
+    };
+    let first = items.len();
+    let own = std::mem::replace(&mut request.input, ResponseInput::Items(Vec::new()));
+    items.extend(input::items(own));
+    let mut tools = request.tools.clone().unwrap_or_default();
+    let chat = input::chat_request(&request, &mut tools, &items, first)?;
+
+    let model_info = state.model();
+    let limits = state.structured_limits();
+    let valid = validate_chat(chat, model_info, limits).map_err(input::renamed)?;
+    let warnings: Vec<String> = structured::compile(model_info, &valid.structured, limits)
+        .await
+        .map_err(input::renamed)?
+        .iter()
+        .map(|w| input::renamed_warning(w))
+        .collect();
+    let prompt = vec![(valid.prompt_tokens, valid.generate)];
+    let choices = Choices::submit(&state, &admission, prompt, 1).await?;
+    let store = request.store.unwrap_or(true) && responses.enabled();
+    let template = template(request, tools, valid.model, store);
+    let saving = store.then(|| Saving {
+        responses: responses.clone(),
+        caller: admission.caller,
+        input: items,
+    });
+
+    if !valid.stream {
+        let (collected, usage) = choices.collect().await?;
+        let choice = &collected[0];
+        let reason = choice.finish_reason.unwrap_or(FinishReason::Stop);
+        let mut output = Output::new(&valid.structured.reply);
+        output.push(&choice.text);
+        output.finish(reason);
+        let response = ended(&template, output.items(), reason, Some(usage));
+        if let Some(saving) = saving {
+            saving.save(&response).await?;
+        }
+        return Ok(warned(Json(response).into_response(), &warnings));
+    }
+    let format = EventFormat::new(template, &valid.structured.reply);
+    let frames = choices.stream(format, state.metrics().clone()).await?;
+    let events = frames.flat_map(|frame| {
+        stream::iter(match frame {
+            Frame::Chunk(Batch(events)) => events,
+            Frame::Done => Vec::new(),
+        })
+    });
+    Ok(warned(sse(saved(events, saving)), &warnings))
+}
+
+/// Returns a stored response.
+#[utoipa::path(get, path = "/v1/responses/{id}", tag = "generation",
+    params(("id" = String, Path, description = "The response's id (`resp_...`).")),
+    responses(
+        (status = 200, description = "The response, as it was answered.", body = Response),
+        StoredErrors,
+    ),
+    security(("api_key" = [])))]
+pub async fn get(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let stored = state.responses().get(caller, &id, None).await?;
+    Ok(Json(stored.response))
+}
+
+/// Deletes a stored response.
+#[utoipa::path(delete, path = "/v1/responses/{id}", tag = "generation",
+    params(("id" = String, Path, description = "The response's id (`resp_...`).")),
+    responses(
+        (status = 200, description = "The response is gone.", body = DeletedResponse),
+        StoredErrors,
+    ),
+    security(("api_key" = [])))]
+pub async fn delete(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<DeletedResponse>, ApiError> {
+    state.responses().delete(caller, &id).await?;
+    Ok(Json(DeletedResponse {
+        id,
+        object: "response.deleted",
+        deleted: true,
+    }))
+}
+
+/// The response `request` gets before its output: what it echoes, `in_progress`.
+fn template(
+    request: CreateResponse,
+    tools: Vec<FunctionTool>,
+    model: String,
+    store: bool,
+) -> Response {
+    let format = request
+        .text
+        .and_then(|text| text.format)
+        .unwrap_or_else(|| TextFormat {
+            kind: "text".into(),
+            name: None,
+            description: None,
+            schema: None,
+            strict: None,
+        });
+    Response {
+        id: item_id("resp"),
+        object: "response",
+        created_at: unix_now(),
+        status: ResponseStatus::InProgress,
+        background: false,
+        error: None,
+        incomplete_details: None,
+        instructions: request.instructions,
+        max_output_tokens: request.max_output_tokens,
+        metadata: request.metadata.unwrap_or_default(),
+        model,
+        output: Vec::new(),
+        parallel_tool_calls: request.parallel_tool_calls.unwrap_or(true),
+        previous_response_id: request.previous_response_id,
+        store,
+        temperature: request.temperature.unwrap_or(1.0),
+        text: TextConfig {
+            format: Some(format),
+        },
+        tool_choice: request.tool_choice.unwrap_or_else(|| json!("auto")),
+        tools,
+        top_p: request.top_p.unwrap_or(1.0),
+        truncation: "disabled",
+        usage: None,
+    }
+}
+
+/// `events` as server-sent events, numbered from 0.
+fn sse(events: impl Stream<Item = ResponseEvent> + Send + 'static) -> HttpResponse {
+    let events = events.enumerate().map(|(n, event)| {
+        let numbered = SequencedEvent {
+            event,
+            sequence_number: n as u64,
+        };
+        // Events hold strings, numbers and JSON values only, which always serialize.
+        let data = serde_json::to_value(&numbered).expect("an event serializes to JSON");
+        let kind = data["type"].as_str().unwrap_or_default().to_owned();
+        Ok::<_, Infallible>(SseEvent::default().event(kind).data(data.to_string()))
+    });
+    let mut response = Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+        .into_response();
+    // As for chat: reverse proxies must not buffer the tokens.
+    response
+        .headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
+
+/// `events`, with the response stored (when `saving`) before the event that ends it completed
+/// or incomplete; if it cannot be, that event becomes `response.failed` with the store's error.
+fn saved(
+    events: impl Stream<Item = ResponseEvent> + Send + 'static,
+    mut saving: Option<Saving>,
+) -> impl Stream<Item = ResponseEvent> + Send + 'static {
+    events.then(move |event| {
+        let save = match &event {
+            ResponseEvent::Completed { .. } | ResponseEvent::Incomplete { .. } => saving.take(),
+            _ => None,
+        };
+        async move {
+            let (
+                Some(saving),
+                ResponseEvent::Completed { response } | ResponseEvent::Incomplete { response },
+            ) = (save, &event)
+            else {
+                return event;
+            };
+            match saving.save(response).await {
+                Ok(()) => event,
+                Err(error) => {
+                    tracing::error!(%error, "the response was not stored");
+                    ResponseEvent::Failed {
+                        response: Box::new(Response {
+                            status: ResponseStatus::Failed,
+                            error: Some(failure(error.body())),
+                            ..(**response).clone()
+                        }),
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// A response to store once answered: whose it is and the input it answered.
+struct Saving {
+    responses: StoredResponses,
+    caller: Caller,
+    input: Vec<InputItem>,
+}
+
+impl Saving {
+    async fn save(self, response: &Response) -> Result<(), ApiError> {
+        self.responses.put(self.caller, response, self.input).await
+    }
+}
+
+/// The stored responses: where they live and for how long.
+#[derive(Clone)]
+pub struct StoredResponses {
+    store: Arc<dyn StateStore>,
+    /// `None`: nothing is stored.
+    limit: Option<HistoryLimit>,
+}
+
+/// A stored response as written.
+#[derive(Serialize)]
+struct RecordRef<'a> {
+    response: &'a Response,
+    input: &'a [InputItem],
+}
+
+/// A stored response as read back: the response as it was sent, and the input it answered.
+#[derive(Deserialize)]
+struct Stored {
+    response: Value,
+    input: Vec<InputItem>,
+}
+
+impl Stored {
+    /// What a request continuing from this response goes after: its input, then its output
+    /// (output items read as the input items they are).
+    fn context(self) -> Result<Vec<InputItem>, ApiError> {
+        let output: Vec<InputItem> = serde_json::from_value(self.response["output"].clone())
+            .map_err(|e| ApiError::Internal(format!("a stored response's output: {e}")))?;
+        let mut items = self.input;
+        items.extend(output);
+        Ok(items)
+    }
+}
+
+impl StoredResponses {
+    /// The stored responses `config` sets (the sessions' TTL and size), kept in `store`.
+    pub fn new(config: &ServeConfig, store: Arc<dyn StateStore>) -> Self {
+        let limit = (config.session_ttl_secs > 0).then(|| HistoryLimit {
+            ttl: Duration::from_secs(config.session_ttl_secs),
+            max_bytes: config.session_max_bytes,
+        });
+        Self { store, limit }
+    }
+
+    /// Whether responses are stored at all.
+    pub fn enabled(&self) -> bool {
+        self.limit.is_some()
+    }
+
+    /// Stores `response` of `caller`, which answered `input`, trimmed to the size bound.
+    async fn put(
+        &self,
+        caller: Caller,
+        response: &Response,
+        mut input: Vec<InputItem>,
+    ) -> Result<(), ApiError> {
+        let Some(limit) = self.limit else {
+            return Ok(());
+        };
+        input::trim(&mut input, limit.max_bytes);
+        let record = RecordRef {
+            response,
+            input: &input,
+        };
+        let record = serde_json::to_string(&record).expect("a response serializes to JSON");
+        let name = name(caller, &response.id);
+        self.store.put_response(&name, &record, limit.ttl).await
+    }
+
+    /// `caller`'s response `id`; a 404 (naming `param`, the field that named it) when there is
+    /// none.
+    async fn get(
+        &self,
+        caller: Caller,
+        id: &str,
+        param: Option<&'static str>,
+    ) -> Result<Stored, ApiError> {
+        let not_found = || ApiError::ResponseNotFound {
+            id: id.to_owned(),
+            param,
+        };
+        let Some(limit) = self.limit else {
+            return Err(match param {
+                Some(param) => ApiError::invalid(
+                    param,
+                    "responses are not stored on this server (--session-ttl-secs 0)",
+                ),
+                None => not_found(),
+            });
+        };
+        let record = self.store.response(&name(caller, id), limit.ttl).await?;
+        let record = record.ok_or_else(not_found)?;
+        serde_json::from_str(&record)
+            .map_err(|e| ApiError::Internal(format!("a stored response is not valid: {e}")))
+    }
+
+    /// Deletes `caller`'s response `id`; a 404 when there is none.
+    async fn delete(&self, caller: Caller, id: &str) -> Result<(), ApiError> {
+        if self.limit.is_some() && self.store.delete_response(&name(caller, id)).await? {
+            return Ok(());
+        }
+        Err(ApiError::ResponseNotFound {
+            id: id.to_owned(),
+            param: None,
+        })
+    }
+}
+
+/// The store's name of `caller`'s response `id`.
+fn name(caller: Caller, id: &str) -> String {
+    format!("{caller}:{id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::responses::InputContent;
+    use crate::state::MemoryStore;
+
+    fn responses(ttl_secs: u64) -> StoredResponses {
+        let config = ServeConfig {
+            session_ttl_secs: ttl_secs,
+            ..ServeConfig::default()
+        };
+        StoredResponses::new(&config, Arc::new(MemoryStore::new()))
+    }
+
+    fn answered(text: &str) -> Response {
+        let request: CreateResponse = serde_json::from_value(json!({"input": "Hi"})).unwrap();
+        let template = template(request, Vec::new(), "m".into(), true);
+        let mut output = Output::new(&structured::Reply::Text);
+        output.push(text);
+        output.finish(FinishReason::Stop);
+        ended(&template, output.items(), FinishReason::Stop, None)
+    }
+
+    fn user(text: &str) -> InputItem {
+        input::items(ResponseInput::Text(text.into())).remove(0)
+    }
+
+    #[tokio::test]
+    async fn a_stored_response_continues_with_its_input_then_its_output() {
+        let responses = responses(60);
+        let alice = Caller::Anonymous;
+        let response = answered("Hello, Alice.");
+        responses
+            .put(alice, &response, vec![user("I am Alice.")])
+            .await
+            .unwrap();
+        let stored = responses.get(alice, &response.id, None).await.unwrap();
+        assert_eq!(stored.response, serde_json::to_value(&response).unwrap());
+        let context = stored.context().unwrap();
+        assert_eq!(context[0], user("I am Alice."));
+        assert_eq!(context[1].role.as_deref(), Some("assistant"));
+        let chat = input::chat_request(
+            &serde_json::from_value(json!({"input": "x"})).unwrap(),
+            &mut [],
+            &context,
+            2,
+        )
+        .unwrap();
+        assert_eq!(chat.messages[1].role, "assistant");
+        assert!(matches!(
+            &chat.messages[1].content,
+            Some(crate::api::MessageContent::Parts(parts))
+                if parts[0].text.as_deref() == Some("Hello, Alice.")
+        ));
+        assert_eq!(
+            context[1].content,
+            Some(InputContent::Parts(vec![
+                crate::api::responses::InputPart {
+                    kind: "output_text".into(),
+                    text: Some("Hello, Alice.".into())
+                }
+            ]))
+        );
+
+        responses.delete(alice, &response.id).await.unwrap();
+        for result in [
+            responses.get(alice, &response.id, None).await.map(drop),
+            responses.delete(alice, &response.id).await,
+        ] {
+            assert!(matches!(result, Err(ApiError::ResponseNotFound { .. })));
+        }
+    }
+
+    #[tokio::test]
+    async fn responses_belong_to_their_caller_and_may_be_turned_off() {
+        let responses_on = responses(60);
+        let response = answered("Hi");
+        responses_on
+            .put(Caller::Anonymous, &response, Vec::new())
+            .await
+            .unwrap();
+        let key = "sk-other".parse().unwrap();
+        let auth = crate::auth::Auth::new(&[key], &[], true);
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert("authorization", HeaderValue::from_static("Bearer sk-other"));
+        let other = auth.check(&headers).unwrap();
+        let error = responses_on
+            .get(other, &response.id, Some("previous_response_id"))
+            .await
+            .map(drop)
+            .unwrap_err();
+        assert_eq!(error.status(), axum::http::StatusCode::NOT_FOUND);
+        assert_eq!(error.body().param.as_deref(), Some("previous_response_id"));
+        assert!(responses_on.delete(other, &response.id).await.is_err());
+
+        let off = responses(0);
+        assert!(!off.enabled());
+        off.put(Caller::Anonymous, &response, Vec::new())
+            .await
+            .unwrap();
+        let error = off
+            .get(
+                Caller::Anonymous,
+                &response.id,
+                Some("previous_response_id"),
+            )
+            .await
+            .map(drop)
+            .unwrap_err();
+        assert_eq!(error.status(), axum::http::StatusCode::BAD_REQUEST);
+    }
+}

@@ -9,6 +9,7 @@ tests passed or not; its log is printed when it fails to start.
 """
 
 import ctypes
+import importlib
 import os
 import pathlib
 import signal
@@ -137,6 +138,17 @@ def pytest_configure(config):
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+def framework(module: str):
+    """The agent framework a test file drives, imported. Each framework has its own virtual
+    environment (tests/python/frameworks/); in any other the file's tests are skipped, except
+    where SDK_TESTS_FRAMEWORKS names the module (scripts/sdk-tests.sh sets it for each
+    framework's run), where a missing framework is an error rather than a silent skip."""
+    required = os.environ.get("SDK_TESTS_FRAMEWORKS", "").split()
+    if module in required:
+        return importlib.import_module(module)
+    return pytest.importorskip(module, reason=f"{module} is installed in its own environment")
 
 
 def free_port() -> int:

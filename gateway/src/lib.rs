@@ -15,7 +15,9 @@
 //!   error envelope instead of axum's plain-text defaults.
 //! - [`api`] is OpenAI's wire format and nothing else: serde types, no behaviour.
 //! - [`validate`] turns a wire request into a request the engine can run, or a 400 naming the
-//!   offending field. Only a [`validate::ValidChatRequest`] reaches the engine.
+//!   offending field. Only a [`validate::ValidChatRequest`] reaches the engine. Its
+//!   [`validate::structured`] turns `response_format` and `tools` into the grammar the engine
+//!   enforces, and [`tool_calls`] reads a tool-call answer back into OpenAI's shapes.
 //! - [`logprobs`] turns the engine's token log-probabilities into OpenAI's shape.
 //! - [`error`] is the one place that decides HTTP statuses and error bodies.
 //! - [`grpc`] is the same chat API over gRPC, on a port of its own: its requests pass through
@@ -51,9 +53,9 @@ pub mod openapi;
 pub mod session;
 pub mod state;
 pub mod swarm;
-pub mod tool_calls;
 #[cfg(test)]
 pub(crate) mod test_support;
+pub mod tool_calls;
 pub mod transport;
 pub mod validate;
 pub mod worker;

@@ -424,17 +424,19 @@ impl<F: ChunkFormat> Streamed<F> {
 pub fn sse_response<C: Serialize>(
     frames: impl Stream<Item = Frame<C>> + Send + 'static,
 ) -> Response {
-    let events = frames.map(|frame| {
-        Ok::<_, Infallible>(match frame {
-            Frame::Chunk(chunk) => {
-                // Chunks hold only strings, numbers and lists, which always serialize.
-                let data = serde_json::to_string(&chunk).expect("a chunk serializes to JSON");
-                SseEvent::default().data(data)
-            }
-            Frame::Done => SseEvent::default().data("[DONE]"),
-        })
-    });
-    let mut response = Sse::new(events)
+    sse_events(frames.map(|frame| match frame {
+        Frame::Chunk(chunk) => {
+            // Chunks hold only strings, numbers and lists, which always serialize.
+            let data = serde_json::to_string(&chunk).expect("a chunk serializes to JSON");
+            SseEvent::default().data(data)
+        }
+        Frame::Done => SseEvent::default().data("[DONE]"),
+    }))
+}
+
+/// `events` as a server-sent events response, with keep-alive comments while nothing is sent.
+pub fn sse_events(events: impl Stream<Item = SseEvent> + Send + 'static) -> Response {
+    let mut response = Sse::new(events.map(Ok::<_, Infallible>))
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
         .into_response();
     // Reverse proxies such as nginx buffer responses by default, which would hold tokens back

@@ -29,13 +29,11 @@
 mod input;
 mod output;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::HeaderValue;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::Json;
 use futures::{stream, Stream, StreamExt};
@@ -52,7 +50,7 @@ use crate::auth::Caller;
 use crate::config::ServeConfig;
 use crate::error::ApiError;
 use crate::http::chat::{unix_now, warned};
-use crate::http::choices::{Choices, Frame, KEEP_ALIVE};
+use crate::http::choices::{sse_events, Choices, Frame};
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
 use crate::openapi::{GenerationErrors, StoredErrors};
@@ -222,7 +220,7 @@ fn template(
 
 /// `events` as server-sent events, numbered from 0.
 fn sse(events: impl Stream<Item = ResponseEvent> + Send + 'static) -> HttpResponse {
-    let events = events.enumerate().map(|(n, event)| {
+    sse_events(events.enumerate().map(|(n, event)| {
         let numbered = SequencedEvent {
             event,
             sequence_number: n as u64,
@@ -230,16 +228,8 @@ fn sse(events: impl Stream<Item = ResponseEvent> + Send + 'static) -> HttpRespon
         // Events hold strings, numbers and JSON values only, which always serialize.
         let data = serde_json::to_value(&numbered).expect("an event serializes to JSON");
         let kind = data["type"].as_str().unwrap_or_default().to_owned();
-        Ok::<_, Infallible>(SseEvent::default().event(kind).data(data.to_string()))
-    });
-    let mut response = Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
-        .into_response();
-    // As for chat: reverse proxies must not buffer the tokens.
-    response
-        .headers_mut()
-        .insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response
+        SseEvent::default().event(kind).data(data.to_string())
+    }))
 }
 
 /// `events`, with the response stored (when `saving`) before the event that ends it completed
@@ -406,6 +396,8 @@ fn name(caller: Caller, id: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use axum::http::HeaderValue;
+
     use super::*;
     use crate::api::responses::InputContent;
     use crate::state::MemoryStore;

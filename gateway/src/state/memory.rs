@@ -9,6 +9,7 @@
 //! what an absent one starts as. The map never holds more than [`PRUNE_AT`] plus the number of
 //! buckets not yet full, whatever the traffic.
 
+mod expiring;
 mod history;
 mod responses;
 

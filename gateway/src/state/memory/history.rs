@@ -3,65 +3,34 @@
 //!
 //! Each history expires `ttl` after its last read or append, and an append trims it to its
 //! [`HistoryLimit`] (see [`crate::state`]). Over all histories, the store holds at most `budget`
-//! bytes (entries and names): past it, an append first drops expired histories, then the ones
-//! that would expire soonest, which, every session having the same TTL, are the least recently
-//! used. Only the history just appended to is never dropped for the budget, so the store holds
-//! at most `budget` plus that one history.
-//!
-//! Expiry is kept in an ordered index beside the map, so dropping the expired or the oldest
-//! histories costs O(log n) each, and reads and appends cost O(log n) plus the history's own
-//! entries (a read copies them out; an append may walk them to trim).
+//! bytes (entries and names), as an [`Expiring`] map does: past it, an append drops the
+//! histories that would expire soonest (the least recently used), never the one appended to.
+//! Reads and appends cost O(log n) plus the history's own entries (a read copies them out; an
+//! append may walk them to trim).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use super::expiring::Expiring;
 use crate::state::HistoryLimit;
 
-/// The histories of one process, behind the store's lock.
+/// The histories of one process, behind the store's lock: each one's entries, the opening
+/// first, then the turns, oldest first.
 #[derive(Debug)]
-pub struct Histories {
-    by_name: HashMap<String, History>,
-    /// Every history's name by its expiry; the sequence number tells equal instants apart.
-    by_expiry: BTreeMap<(Instant, u64), String>,
-    /// Bytes of every history's entries and name.
-    bytes: usize,
-    budget: usize,
-    next: u64,
-}
-
-#[derive(Debug)]
-struct History {
-    /// The opening first, then the turns, oldest first.
-    entries: VecDeque<String>,
-    /// Bytes of `entries`.
-    bytes: usize,
-    expiry: (Instant, u64),
-}
+pub struct Histories(Expiring<VecDeque<String>>);
 
 impl Histories {
     /// No histories, holding at most `budget` bytes in all (as the module header says).
     pub fn new(budget: usize) -> Self {
-        Self {
-            by_name: HashMap::new(),
-            by_expiry: BTreeMap::new(),
-            bytes: 0,
-            budget,
-            next: 0,
-        }
+        Self(Expiring::new(budget))
     }
 
     /// The entries of `name` as of `now` (empty when there is none), kept until `now + ttl`.
     pub fn read(&mut self, name: &str, ttl: Duration, now: Instant) -> Vec<String> {
-        self.drop_expired(now);
-        let expiry = self.expiry(now, ttl);
-        let Some(history) = self.by_name.get_mut(name) else {
-            return Vec::new();
-        };
-        let old = std::mem::replace(&mut history.expiry, expiry);
-        let entries = history.entries.iter().cloned().collect();
-        self.by_expiry.remove(&old);
-        self.by_expiry.insert(expiry, name.to_owned());
-        entries
+        self.0
+            .touch(name, ttl, now)
+            .map(|entries| entries.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Appends `turn` to `name` (created with `opening` if absent) as of `now`, trims it to
@@ -74,72 +43,23 @@ impl Histories {
         limit: HistoryLimit,
         now: Instant,
     ) {
-        self.drop_expired(now);
-        let expiry = self.expiry(now, limit.ttl);
-        match self.by_name.get_mut(name) {
-            Some(history) => {
-                self.by_expiry.remove(&history.expiry);
-                history.expiry = expiry;
-            }
-            None => {
-                self.bytes += name.len() + opening.len();
-                let entries = VecDeque::from([opening.to_owned()]);
-                let bytes = opening.len();
-                let history = History {
-                    entries,
-                    bytes,
-                    expiry,
-                };
-                self.by_name.insert(name.to_owned(), history);
-            }
+        if self.0.touch(name, limit.ttl, now).is_none() {
+            let entries = VecDeque::from([opening.to_owned()]);
+            self.0.insert(name, entries, opening.len(), limit.ttl, now);
         }
-        self.by_expiry.insert(expiry, name.to_owned());
-        let history = self.by_name.get_mut(name).expect("found or made above");
-        history.entries.push_back(turn.to_owned());
-        history.bytes += turn.len();
-        self.bytes += turn.len();
+        let entries = self
+            .0
+            .touch(name, limit.ttl, now)
+            .expect("found or made above");
+        entries.push_back(turn.to_owned());
+        let mut size: usize = entries.iter().map(String::len).sum();
         // Entry 0 is the opening and the last one the turn just appended: both stay.
-        while history.bytes > limit.max_bytes && history.entries.len() > 2 {
-            let dropped = history.entries.remove(1).expect("more than two entries");
-            history.bytes -= dropped.len();
-            self.bytes -= dropped.len();
+        while size > limit.max_bytes && entries.len() > 2 {
+            let dropped = entries.remove(1).expect("more than two entries");
+            size -= dropped.len();
         }
-        while self.bytes > self.budget {
-            let Some((&oldest, victim)) = self.by_expiry.iter().next() else {
-                break;
-            };
-            if victim == name {
-                // The history just appended to expires last: nothing else is left to drop.
-                break;
-            }
-            self.remove(oldest);
-        }
-    }
-
-    fn expiry(&mut self, now: Instant, ttl: Duration) -> (Instant, u64) {
-        self.next += 1;
-        (now + ttl, self.next)
-    }
-
-    fn drop_expired(&mut self, now: Instant) {
-        while let Some(&expiry) = self.by_expiry.keys().next() {
-            if expiry.0 > now {
-                return;
-            }
-            self.remove(expiry);
-        }
-    }
-
-    fn remove(&mut self, expiry: (Instant, u64)) {
-        let name = self
-            .by_expiry
-            .remove(&expiry)
-            .expect("the index holds the expiry");
-        let history = self
-            .by_name
-            .remove(&name)
-            .expect("every indexed name has a history");
-        self.bytes -= name.len() + history.bytes;
+        self.0.resize(name, size);
+        self.0.fit(name);
     }
 }
 
@@ -159,9 +79,9 @@ mod tests {
     /// The store's bytes as its histories' entries and names add up.
     fn counted(histories: &Histories) -> usize {
         histories
-            .by_name
+            .0
             .iter()
-            .map(|(name, h)| name.len() + h.entries.iter().map(String::len).sum::<usize>())
+            .map(|(name, h)| name.len() + h.iter().map(String::len).sum::<usize>())
             .sum()
     }
 
@@ -178,7 +98,7 @@ mod tests {
             "the opening is only taken when the history starts"
         );
         assert!(store.read("other", TTL, t0).is_empty());
-        assert_eq!(store.bytes, counted(&store));
+        assert_eq!(store.0.bytes(), counted(&store));
     }
 
     #[test]
@@ -196,10 +116,10 @@ mod tests {
             store.read("idle", TTL, t2).is_empty(),
             "unused for a TTL: gone"
         );
-        assert_eq!(store.by_name.len(), 1, "the expired history was dropped");
-        assert_eq!(store.bytes, counted(&store));
+        assert_eq!(store.0.len(), 1, "the expired history was dropped");
+        assert_eq!(store.0.bytes(), counted(&store));
         assert!(store.read("s", TTL, t2 + TTL).is_empty());
-        assert_eq!((store.bytes, store.by_expiry.len()), (0, 0));
+        assert_eq!((store.0.bytes(), store.0.len()), (0, 0));
     }
 
     #[test]
@@ -215,7 +135,7 @@ mod tests {
         let long = "x".repeat(50);
         store.append("s", "open", &long, limit(13), t0);
         assert_eq!(store.read("s", TTL, t0), ["open", long.as_str()]);
-        assert_eq!(store.bytes, counted(&store));
+        assert_eq!(store.0.bytes(), counted(&store));
     }
 
     #[test]
@@ -233,7 +153,7 @@ mod tests {
                 t0 + Duration::from_secs(i as u64),
             );
         }
-        assert_eq!(store.bytes, 40, "exactly the budget: nothing dropped");
+        assert_eq!(store.0.bytes(), 40, "exactly the budget: nothing dropped");
         let t1 = t0 + Duration::from_secs(10);
         // "a" is used again, so "b" is now the least recently used.
         assert_eq!(store.read("a", TTL, t1).len(), 2);
@@ -242,12 +162,12 @@ mod tests {
         for name in ["a", "c", "d", "e"] {
             assert_eq!(store.read(name, TTL, t1).len(), 2, "{name} stays");
         }
-        assert!(store.bytes <= 40);
+        assert!(store.0.bytes() <= 40);
         // A history larger than the whole budget pushes out every other one, not itself.
         let huge = "h".repeat(100);
         store.append("big", "o", &huge, limit(1000), t1);
-        assert_eq!(store.by_name.len(), 1);
+        assert_eq!(store.0.len(), 1);
         assert_eq!(store.read("big", TTL, t1).len(), 2);
-        assert_eq!(store.bytes, counted(&store));
+        assert_eq!(store.0.bytes(), counted(&store));
     }
 }

@@ -42,6 +42,11 @@ pub struct EngineConfig {
     /// overloaded rather than queued without bound.
     #[arg(long, env = "SWARMGATE_MAX_QUEUED", default_value_t = 512)]
     pub max_queued: usize,
+    /// Events a request's stream may hold unread (about one per token); a reader this far
+    /// behind has stopped reading, and its request ends with an error instead of holding its
+    /// memory.
+    #[arg(long, env = "SWARMGATE_MAX_UNREAD_EVENTS", default_value_t = crate::EVENT_BUFFER)]
+    pub max_unread_events: usize,
     /// Compute threads (default: one per core).
     #[arg(long, env = "SWARMGATE_THREADS")]
     pub threads: Option<usize>,
@@ -59,6 +64,7 @@ impl Default for EngineConfig {
             max_step_tokens: 256,
             max_running: 64,
             max_queued: 512,
+            max_unread_events: crate::EVENT_BUFFER,
             threads: None,
         }
     }
@@ -68,6 +74,9 @@ impl EngineConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.block_size == 0 || self.max_step_tokens == 0 || self.max_running == 0 {
             return Err("block size, step tokens and running sequences must be positive".into());
+        }
+        if self.max_unread_events < 8 {
+            return Err("max_unread_events must be at least 8".into());
         }
         if self.threads == Some(0) {
             return Err("threads must be positive".into());

@@ -45,7 +45,7 @@ use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 use tokenizers::Tokenizer;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::Receiver;
 
 pub use config::EngineConfig;
 pub use embed::{Embedder, EmbedderConfig, Embedding};
@@ -186,13 +186,15 @@ pub trait Generate: Send + Sync {
 
 struct Shared {
     commands: Sender<Command>,
-    /// The engine loop; it ends only when every handle is gone, or if it fails.
-    thread: std::thread::JoinHandle<()>,
+    /// Closed when the engine loop ends (its sender lives on the engine thread), which happens
+    /// only when every handle is gone, or if the loop fails.
+    running: tokio::sync::watch::Receiver<()>,
     model: ModelInfo,
     next_id: AtomicU64,
     next_pin: AtomicU64,
     queued: Arc<AtomicUsize>,
     max_queued: usize,
+    max_unread_events: usize,
     stats: Arc<EngineStats>,
 }
 
@@ -256,9 +258,11 @@ impl EngineHandle {
             .build()
             .map_err(|e| EngineError::Model(format!("cannot start compute threads: {e}")))?;
         let worker_stats = stats.clone();
-        let thread = std::thread::Builder::new()
+        let (running_tx, running) = tokio::sync::watch::channel(());
+        std::thread::Builder::new()
             .name("swarmgate-engine".into())
             .spawn(move || {
+                let _running = running_tx;
                 let setup = WorkerSetup {
                     model: llama,
                     storage,
@@ -274,12 +278,13 @@ impl EngineHandle {
         Ok(Self {
             shared: Arc::new(Shared {
                 commands: tx,
-                thread,
+                running,
                 model: model_info,
                 next_id: AtomicU64::new(1),
                 next_pin: AtomicU64::new(1),
                 queued: Arc::new(AtomicUsize::new(0)),
                 max_queued: config.max_queued,
+                max_unread_events: config.max_unread_events,
                 stats,
             }),
         })
@@ -291,7 +296,14 @@ impl EngineHandle {
 
     /// Whether the engine loop is still taking requests (it has not failed).
     pub fn is_running(&self) -> bool {
-        !self.shared.thread.is_finished()
+        self.shared.running.has_changed().is_ok()
+    }
+
+    /// Completes when the engine loop has ended. While a handle exists the loop ends only by
+    /// failing, so this is how a server learns that it must exit for its supervisor to restart it.
+    pub async fn stopped(&self) {
+        let mut running = self.shared.running.clone();
+        while running.changed().await.is_ok() {}
     }
 
     pub fn stats(&self) -> &EngineStats {
@@ -317,7 +329,7 @@ impl EngineHandle {
                 ))
             })?;
         let id = RequestId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
-        let (events, rx) = unbounded_channel();
+        let (events, rx) = tokio::sync::mpsc::channel(self.shared.max_unread_events);
         let prompt_tokens = prompt.len();
         self.shared
             .commands
@@ -411,14 +423,25 @@ impl Drop for PrefixPin {
 pub struct EventStream {
     id: RequestId,
     prompt_tokens: usize,
-    rx: UnboundedReceiver<Event>,
+    rx: Receiver<Event>,
+}
+
+/// Events a request's stream holds unread at most, unless configured otherwise
+/// ([`EngineConfig::max_unread_events`]). A reader that falls this far behind has stopped
+/// reading: the engine ends its request rather than wait for it or buffer without end.
+pub const EVENT_BUFFER: usize = 1024;
+
+/// A channel for one request's events, bounded by [`EVENT_BUFFER`]: what a stream served
+/// elsewhere (another process, a relay) is fed through.
+pub fn event_channel() -> (tokio::sync::mpsc::Sender<Event>, Receiver<Event>) {
+    tokio::sync::mpsc::channel(EVENT_BUFFER)
 }
 
 impl EventStream {
     /// A stream fed by `rx`, for requests served elsewhere than in this process: whoever holds
     /// the sender sends the events in [`Event`]'s order and sees the stream dropped as the
     /// sender closing.
-    pub fn new(id: RequestId, prompt_tokens: usize, rx: UnboundedReceiver<Event>) -> Self {
+    pub fn new(id: RequestId, prompt_tokens: usize, rx: Receiver<Event>) -> Self {
         Self {
             id,
             prompt_tokens,

@@ -2,8 +2,8 @@
 //!
 //! Order of operations (as vLLM and OpenAI define them): penalties on the raw logits
 //! (repetition over prompt and output; presence and frequency over output only), then greedy
-//! argmax when temperature is 0, otherwise temperature, then the min_p, top_k and top_p filters,
-//! then one draw from the request's own random generator. Each request owns its generator, seeded
+//! argmax when temperature is below [`GREEDY_BELOW`] (0 included), otherwise temperature, then
+//! the min_p, top_k and top_p filters, then one draw from the request's own random generator. Each request owns its generator, seeded
 //! from its `seed`, so its tokens never depend on what else shares the batch.
 //!
 //! Log-probabilities are those of the model's distribution (log-softmax of the raw logits), as
@@ -16,6 +16,12 @@
 //! follows its instructions thus rarely pays for a mask. Once the grammar is complete the
 //! end-of-sequence token is the only choice.
 //!
+//! Numerics: any finite parameters sample a token; nothing here panics on what a request sets.
+//! Penalties may push logits to ±inf (a repetition penalty of 1e-30 divides by almost nothing):
+//! after them a NaN counts as impossible and +inf as the largest finite value, so the most
+//! likely token always has weight exp(0) = 1 and survives every filter. A temperature so small
+//! that its inverse would overflow is greedy, as vLLM treats any temperature under 1e-5.
+//!
 //! Cost: O(vocab) per token. The nucleus (top_p) is found by partial selection of growing
 //! candidate sets rather than a full sort of the vocabulary.
 
@@ -26,6 +32,10 @@ use rand::{Rng, SeedableRng};
 
 use crate::constraint::{Constraint, GrammarError};
 use crate::request::{SamplingParams, TokenLogprob};
+
+/// Temperatures below this sample greedily (vLLM's `_SAMPLING_EPS`): dividing by less would
+/// only sharpen the distribution onto its argmax, and 1/t would overflow `f32` near 1e-39.
+pub const GREEDY_BELOW: f32 = 1e-5;
 
 /// The token chosen, and its log-probabilities when they were asked for.
 #[derive(Clone, Debug, PartialEq)]
@@ -85,6 +95,13 @@ impl Sampler {
         self
     }
 
+    /// Whether this request's seed is the one `fault` is armed with.
+    #[cfg(test)]
+    pub(crate) fn has_fault(&self, fault: &std::sync::atomic::AtomicU64) -> bool {
+        let armed = fault.load(std::sync::atomic::Ordering::Relaxed);
+        armed != 0 && self.params.seed == Some(armed)
+    }
+
     /// Whether a grammar constrains the output.
     pub fn is_constrained(&self) -> bool {
         self.constraint.is_some()
@@ -97,6 +114,11 @@ impl Sampler {
 
     /// Picks the next token from `logits` (overwritten as scratch) and records it as generated.
     pub fn sample(&mut self, logits: &mut [f32]) -> Sampled {
+        #[cfg(test)]
+        assert!(
+            !self.has_fault(&faults::SAMPLE),
+            "fault injected into sampling"
+        );
         let wants_logprobs = self.top_logprobs.is_some() || !self.score_tokens.is_empty();
         let logprob_of =
             wants_logprobs.then(|| (log_softmax(logits), self.top_logprobs.unwrap_or(0)));
@@ -130,7 +152,20 @@ impl Sampler {
         Sampled { token, logprob }
     }
 
+    /// Applies the penalties, then makes every logit comparable: NaN becomes -inf (never
+    /// chosen), +inf the largest finite value.
     fn apply_penalties(&self, logits: &mut [f32]) {
+        self.penalize(logits);
+        for l in logits.iter_mut() {
+            if l.is_nan() {
+                *l = f32::NEG_INFINITY;
+            } else if *l == f32::INFINITY {
+                *l = f32::MAX;
+            }
+        }
+    }
+
+    fn penalize(&self, logits: &mut [f32]) {
         let p = &self.params;
         if p.repetition_penalty != 1.0 {
             let seen = self.prompt_tokens.iter().chain(self.output_counts.keys());
@@ -151,7 +186,7 @@ impl Sampler {
     }
 
     fn choose(&mut self, logits: &mut [f32]) -> u32 {
-        if self.params.temperature == 0.0 {
+        if self.params.temperature < GREEDY_BELOW {
             argmax(logits)
         } else {
             self.draw(logits)
@@ -178,10 +213,14 @@ impl Sampler {
         Ok(self.choose(logits))
     }
 
-    /// Temperature, filters, one draw.
+    /// Temperature, filters, one draw. `logits` hold no NaN and no +inf (see
+    /// [`Sampler::apply_penalties`]); when every one is -inf the lowest index is chosen.
     fn draw(&mut self, logits: &mut [f32]) -> u32 {
         let p = &self.params;
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if max == f32::NEG_INFINITY {
+            return 0;
+        }
         let inv_t = 1.0 / p.temperature;
         // Unnormalised probabilities; filters zero out what they drop.
         for l in logits.iter_mut() {
@@ -214,10 +253,22 @@ impl Sampler {
                 return i;
             }
         }
-        *candidates
-            .last()
-            .expect("the most likely token always survives the filters")
+        // Rounding can leave a sliver of `u`: it belongs to the last candidate. The most likely
+        // token (weight 1) survives every filter, so there is one.
+        candidates.last().copied().unwrap_or_else(|| argmax(probs))
     }
+}
+
+/// Panics on demand, for the tests of what the engine does when code panics: a fault armed
+/// with a seed fires in requests with that seed.
+#[cfg(test)]
+pub(crate) mod faults {
+    use std::sync::atomic::AtomicU64;
+
+    /// Fires in [`super::Sampler::sample`].
+    pub static SAMPLE: AtomicU64 = AtomicU64::new(0);
+    /// Fires in the engine loop, after sampling.
+    pub static STEP: AtomicU64 = AtomicU64::new(0);
 }
 
 /// Index of the largest value; the lowest index wins ties.
@@ -258,6 +309,10 @@ fn log_softmax(logits: &[f32]) -> Vec<f32> {
 
 fn log_softmax_in_place(logits: &mut [f32]) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    // Every token impossible: each log-probability is -inf (not -inf - -inf = NaN).
+    if max == f32::NEG_INFINITY {
+        return;
+    }
     let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
     let log_z = max + sum.ln();
     for l in logits.iter_mut() {
@@ -337,6 +392,24 @@ mod tests {
 
     fn logits() -> Vec<f32> {
         vec![1.0, 3.0, 2.0, 0.5, 2.9, -1.0]
+    }
+
+    #[test]
+    fn extreme_parameters_sample_without_panicking() {
+        // 1e-40 as f32 is subnormal: its inverse overflowed to inf, and (l - max) * inf made
+        // every weight NaN.
+        let mut s = Sampler::new(params(|p| p.temperature = 1e-40), None, &[]);
+        assert_eq!(s.sample(&mut logits()).token, 1);
+        // A penalty that divides by almost nothing sends seen logits to +inf.
+        let mut r = Sampler::new(
+            params(|p| p.repetition_penalty = f32::MIN_POSITIVE),
+            None,
+            &[1, 4],
+        );
+        let t = r.sample(&mut logits()).token;
+        assert!(t == 1 || t == 4, "sampled {t}");
+        let mut all_impossible = vec![f32::NEG_INFINITY; 4];
+        assert_eq!(s.sample(&mut all_impossible).token, 0);
     }
 
     #[test]
@@ -442,5 +515,117 @@ mod tests {
         assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 4]);
         let total: f32 = expect.iter().map(|l| l.exp()).sum();
         assert!((total - 1.0).abs() < 1e-5);
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// Logits as models and penalties make them: ordinary, huge, tiny, impossible, tied.
+        fn logit() -> impl Strategy<Value = f32> {
+            prop_oneof![
+                4 => -30.0f32..30.0,
+                1 => Just(f32::NEG_INFINITY),
+                1 => Just(f32::MAX),
+                1 => Just(-f32::MAX),
+                1 => Just(0.0),
+                1 => Just(1e-40),
+                1 => any::<f32>().prop_filter("finite", |x| x.is_finite()),
+            ]
+        }
+
+        /// A finite value from `[lo, hi]`, edges and subnormals included.
+        fn between(lo: f32, hi: f32) -> impl Strategy<Value = f32> {
+            prop_oneof![
+                Just(lo),
+                Just(hi),
+                lo..=hi,
+                (1e-45f32..1e-30).prop_map(move |x| x.clamp(lo, hi)),
+            ]
+        }
+
+        /// Any parameters a validated request can carry.
+        fn params() -> impl Strategy<Value = SamplingParams> {
+            let tiny_or_huge = prop_oneof![
+                Just(f32::MIN_POSITIVE),
+                Just(f32::MAX),
+                (-38.0f32..38.0).prop_map(|e| 10f32.powf(e).max(f32::MIN_POSITIVE)),
+            ];
+            (
+                prop_oneof![between(0.0, 2.0), Just(1e-40), Just(GREEDY_BELOW)],
+                0usize..80,
+                between(f32::MIN_POSITIVE, 1.0),
+                between(0.0, 1.0),
+                tiny_or_huge,
+                between(-2.0, 2.0),
+                between(-2.0, 2.0),
+                any::<u64>(),
+            )
+                .prop_map(|(temperature, top_k, top_p, min_p, rep, pres, freq, seed)| {
+                    SamplingParams {
+                        temperature,
+                        top_k,
+                        top_p,
+                        min_p,
+                        repetition_penalty: rep,
+                        presence_penalty: pres,
+                        frequency_penalty: freq,
+                        seed: Some(seed),
+                    }
+                })
+        }
+
+        fn unpenalized(mut p: SamplingParams) -> SamplingParams {
+            p.repetition_penalty = 1.0;
+            p.presence_penalty = 0.0;
+            p.frequency_penalty = 0.0;
+            p
+        }
+
+        proptest! {
+            #[test]
+            fn any_valid_parameters_sample_a_token(
+                params in params(),
+                row in prop::collection::vec(logit(), 1..48),
+                prompt in prop::collection::vec(0u32..48, 0..8),
+            ) {
+                prop_assert_eq!(params.validate(), Ok(()));
+                let prompt: Vec<u32> = prompt.into_iter().filter(|&t| (t as usize) < row.len()).collect();
+                let mut s = Sampler::new(params, Some(3), &prompt);
+                for _ in 0..6 {
+                    let sampled = s.sample(&mut row.clone());
+                    prop_assert!((sampled.token as usize) < row.len());
+                    let lp = sampled.logprob.unwrap();
+                    prop_assert!(!lp.logprob.is_nan());
+                    prop_assert!(lp.top.iter().all(|(_, l)| !l.is_nan()));
+                }
+            }
+
+            #[test]
+            fn only_possible_tokens_are_sampled(
+                params in params(),
+                row in prop::collection::vec(logit(), 1..48),
+            ) {
+                prop_assume!(row.iter().any(|l| l.is_finite()));
+                let mut s = Sampler::new(unpenalized(params), None, &[]);
+                for _ in 0..6 {
+                    let token = s.sample(&mut row.clone()).token;
+                    prop_assert!(row[token as usize].is_finite(), "sampled impossible token {}", token);
+                }
+            }
+
+            #[test]
+            fn tiny_temperatures_are_greedy(
+                params in params(),
+                temperature in prop_oneof![Just(0.0f32), Just(1e-40), 1e-45f32..GREEDY_BELOW],
+                row in prop::collection::vec(logit(), 1..48),
+            ) {
+                let params = SamplingParams { temperature, ..unpenalized(params) };
+                let mut s = Sampler::new(params, None, &[]);
+                let expect = argmax(&row.iter().map(|&l| l.min(f32::MAX)).collect::<Vec<_>>());
+                prop_assert_eq!(s.sample(&mut row.clone()).token, expect);
+            }
+        }
     }
 }

@@ -4,7 +4,9 @@
 //! The worker owns everything the step touches (model, KV memory of both tiers, scheduler,
 //! per-request output state); the async world reaches it only through the command channel and
 //! each request's event channel. A request whose event receiver is gone is cancelled at the next
-//! step and its blocks freed; one past its deadline ends with an error event.
+//! step and its blocks freed; one past its deadline ends with an error event, and so does one
+//! whose reader stopped reading (its bounded buffer is full): the loop never waits on a reader,
+//! and never holds more than [`crate::EVENT_BUFFER`] unread events per request.
 //!
 //! A step: schedule, run the copies between the KV tiers that scheduling queued (swaps, host-tier
 //! prefix hits, evictions to the host) in one batch, run the forward pass, score prompt tokens,
@@ -16,7 +18,9 @@
 //! held never exceed one step's token budget however long the prompt. The entries go out in one
 //! event when the last chunk has run, before the first sampled token.
 
+use std::any::Any;
 use std::collections::HashMap;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
@@ -24,7 +28,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 use tokenizers::Tokenizer;
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::Sender;
 
 use crate::constraint::Constraint;
 use crate::kv_cache::{BlockKey, HostStore, KvConfig, KvCounters, KvGauges, KvManager, KvStorage};
@@ -35,6 +39,10 @@ use crate::scheduler::{PlanItem, Scheduler, SchedulerConfig, StepPlan};
 use crate::sequence::Sequence;
 use crate::stop::TextStream;
 
+/// The most events one step sends a request: its prompt's log-probabilities, a token, the
+/// text held back, and the end. A request whose buffer has less room is not being read.
+const EVENTS_PER_STEP: usize = 4;
+
 /// A request on its way to the worker.
 pub(crate) struct Submission {
     pub id: RequestId,
@@ -42,7 +50,7 @@ pub(crate) struct Submission {
     pub request: GenerateRequest,
     /// The request's grammar, compiled by the submitter.
     pub constraint: Option<Constraint>,
-    pub events: UnboundedSender<Event>,
+    pub events: Sender<Event>,
     pub slot: QueueSlot,
 }
 
@@ -73,7 +81,7 @@ enum Pin {
     /// Being prefilled by an internal request; its event receiver is kept here so the request
     /// is not taken for cancelled.
     Warming {
-        _events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+        _events: tokio::sync::mpsc::Receiver<Event>,
         pinned: tokio::sync::oneshot::Sender<usize>,
     },
     Pinned(Vec<BlockKey>),
@@ -134,7 +142,7 @@ impl EngineStats {
 
 /// What the worker keeps per request besides its [`Sequence`].
 struct Output {
-    events: UnboundedSender<Event>,
+    events: Sender<Event>,
     sampler: Sampler,
     text: TextStream,
     max_tokens: usize,
@@ -207,33 +215,66 @@ impl Worker {
         }
     }
 
-    /// Runs until every handle is dropped and the last request has finished.
+    /// Runs until every handle is dropped and the last request has finished, or until a panic
+    /// outside sampling leaves the loop's state in doubt: then every request in flight ends with
+    /// an error event and the loop stops for good (the handle reports it, and the server exits
+    /// so that its supervisor restarts it). A panic while sampling one sequence ends only that
+    /// sequence (see [`Worker::step`]).
     pub fn run(mut self) {
         self.publish_stats();
-        while self.receive() {
-            self.reap();
-            if !self.scheduler.is_idle() {
-                let plan = self.scheduler.schedule();
-                let kv = self.scheduler.kv();
-                let copies = kv.take_copies();
-                if !copies.is_empty() {
-                    self.storage.run_copies(&copies, &mut self.host);
-                }
-                kv.copies_done();
-                // Published before the step's events, so that a client reading the figures after
-                // its answer sees what its admission did (prefix hits, swaps).
-                self.publish_stats();
-                for id in &plan.unservable {
-                    let error = "the sequence does not fit in the KV cache";
-                    self.finish(*id, FinishReason::Error, Some(error));
-                }
-                if !plan.items.is_empty() {
-                    self.step(&plan);
+        loop {
+            match panic::catch_unwind(AssertUnwindSafe(|| self.turn())) {
+                Ok(true) => {}
+                Ok(false) => break tracing::info!("engine stopped"),
+                Err(payload) => {
+                    let reason = panic_message(&*payload);
+                    tracing::error!(panic = %reason, "the engine loop panicked; stopping it");
+                    break self.fail_all(&format!("the engine failed: {reason}"));
                 }
             }
-            self.publish_stats();
         }
-        tracing::info!("engine stopped");
+    }
+
+    /// One turn of the loop: take commands, then run a step if there is work. Returns false when
+    /// the engine should stop.
+    fn turn(&mut self) -> bool {
+        if !self.receive() {
+            return false;
+        }
+        self.reap();
+        if !self.scheduler.is_idle() {
+            let plan = self.scheduler.schedule();
+            let kv = self.scheduler.kv();
+            let copies = kv.take_copies();
+            if !copies.is_empty() {
+                self.storage.run_copies(&copies, &mut self.host);
+            }
+            kv.copies_done();
+            // Published before the step's events, so that a client reading the figures after
+            // its answer sees what its admission did (prefix hits, swaps).
+            self.publish_stats();
+            for id in &plan.unservable {
+                let error = "the sequence does not fit in the KV cache";
+                self.finish(*id, FinishReason::Error, Some(error));
+            }
+            if !plan.items.is_empty() {
+                self.step(&plan);
+            }
+        }
+        self.publish_stats();
+        true
+    }
+
+    /// Ends every request in flight with `error`, touching nothing but their event channels
+    /// (the scheduler's state is not to be trusted after a panic).
+    fn fail_all(&mut self, error: &str) {
+        for (_, out) in self.outputs.drain() {
+            let _ = out.events.try_send(Event::Finished {
+                reason: FinishReason::Error,
+                usage: Usage::default(),
+                error: Some(error.to_owned()),
+            });
+        }
     }
 
     /// Takes new commands: waits for one when idle, else drains what is there. Returns false
@@ -276,7 +317,7 @@ impl Worker {
                 );
             }
             Command::Pin { id, prompt, pinned } => {
-                let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+                let (events, rx) = crate::event_channel();
                 let request = GenerateRequest {
                     sampling: crate::SamplingParams::greedy(),
                     max_tokens: 1,
@@ -308,7 +349,7 @@ impl Worker {
         prompt: Vec<u32>,
         request: GenerateRequest,
         constraint: Option<Constraint>,
-        events: UnboundedSender<Event>,
+        events: Sender<Event>,
         origin: Origin,
     ) {
         let (slot, pin) = match origin {
@@ -351,24 +392,27 @@ impl Worker {
         self.scheduler.add(seq);
     }
 
-    /// Drops cancelled requests and ends expired ones.
+    /// Drops cancelled requests, and ends expired ones and those whose reader stopped reading
+    /// (their event buffer has no room left for a step's events).
     fn reap(&mut self) {
         let now = Instant::now();
         let mut cancelled = Vec::new();
-        let mut expired = Vec::new();
+        let mut ended = Vec::new();
         for (id, out) in &self.outputs {
             if out.events.is_closed() {
                 cancelled.push(*id);
             } else if out.deadline.is_some_and(|d| now >= d) {
-                expired.push(*id);
+                ended.push((*id, "deadline exceeded"));
+            } else if out.events.capacity() < EVENTS_PER_STEP {
+                ended.push((*id, "the client stopped reading the answer"));
             }
         }
         for id in cancelled {
             tracing::debug!(id = id.0, "cancelled by the client");
             self.finish(id, FinishReason::Cancelled, None);
         }
-        for id in expired {
-            self.finish(id, FinishReason::Error, Some("deadline exceeded"));
+        for (id, why) in ended {
+            self.finish(id, FinishReason::Error, Some(why));
         }
     }
 
@@ -431,21 +475,30 @@ impl Worker {
             }
         }
         // Sampling (penalties, filters, grammar masks) is per sequence: it runs on the compute
-        // threads side by side, then the results are applied in batch order.
-        let sampled: Vec<Sampled> = if to_sample.len() > 1 {
-            to_sample
-                .par_iter_mut()
-                .map(|(_, out, row)| out.sampler.sample(row))
-                .collect()
-        } else {
-            to_sample
-                .iter_mut()
-                .map(|(_, out, row)| out.sampler.sample(row))
-                .collect()
+        // threads side by side, then the results are applied in batch order. A panic there
+        // touched only that sequence's sampler, so it ends that sequence and nothing else.
+        let sample = |(_, out, row): &mut (RequestId, Output, Vec<f32>)| {
+            panic::catch_unwind(AssertUnwindSafe(|| out.sampler.sample(row)))
         };
-        for ((id, out, _), sampled) in to_sample.into_iter().zip(sampled) {
-            self.outputs.insert(id, out);
-            self.on_sampled(id, sampled);
+        let sampled: Vec<std::thread::Result<Sampled>> = if to_sample.len() > 1 {
+            to_sample.par_iter_mut().map(sample).collect()
+        } else {
+            to_sample.iter_mut().map(sample).collect()
+        };
+        // Every output goes back before any result is applied: should applying one panic, the
+        // loop's recovery finds every request in flight there.
+        let ids: Vec<RequestId> = to_sample.iter().map(|(id, _, _)| *id).collect();
+        self.outputs
+            .extend(to_sample.into_iter().map(|(id, out, _)| (id, out)));
+        for (id, sampled) in ids.into_iter().zip(sampled) {
+            match sampled {
+                Ok(sampled) => self.on_sampled(id, sampled),
+                Err(payload) => {
+                    let reason = panic_message(&*payload);
+                    tracing::error!(id = id.0, panic = %reason, "sampling panicked");
+                    self.finish(id, FinishReason::Error, Some("internal error in the sampler"));
+                }
+            }
         }
     }
 
@@ -481,7 +534,7 @@ impl Worker {
             .take()
             .map_or_else(Vec::new, |s| s.entries);
         debug_assert_eq!(entries.len(), prompt.len() - 1);
-        let _ = out.events.send(Event::PromptLogprobs(entries));
+        let _ = out.events.try_send(Event::PromptLogprobs(entries));
     }
 
     /// Records a sequence's next token and tells the client.
@@ -489,6 +542,11 @@ impl Worker {
         let Some(out) = self.outputs.get_mut(&id) else {
             return;
         };
+        #[cfg(test)]
+        assert!(
+            !out.sampler.has_fault(&sampler::faults::STEP),
+            "fault injected into the engine loop"
+        );
         let token = sampled.token;
         if let Some(e) = out.sampler.constraint_error() {
             tracing::error!(error = %e, "constrained decoding failed");
@@ -508,7 +566,7 @@ impl Worker {
                 return self.finish(id, FinishReason::Error, Some("detokenization failed"));
             }
         };
-        let _ = out.events.send(Event::Delta {
+        let _ = out.events.try_send(Event::Delta {
             text: step.text,
             tokens: vec![token],
             logprobs: sampled.logprob.into_iter().collect(),
@@ -557,7 +615,7 @@ impl Worker {
         if matches!(reason, FinishReason::Stop | FinishReason::Length) {
             let rest = out.text.flush();
             if !rest.is_empty() {
-                let _ = out.events.send(Event::Delta {
+                let _ = out.events.try_send(Event::Delta {
                     text: rest,
                     tokens: Vec::new(),
                     logprobs: Vec::new(),
@@ -569,7 +627,7 @@ impl Worker {
             completion_tokens: s.num_generated(),
             cached_tokens: s.cached_tokens(),
         });
-        let _ = out.events.send(Event::Finished {
+        let _ = out.events.try_send(Event::Finished {
             reason,
             usage,
             error: error.map(str::to_owned),
@@ -594,11 +652,113 @@ impl Worker {
     }
 }
 
+/// What a panic said, when it said it with a string.
+fn panic_message(payload: &(dyn Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
+}
+
 /// The rows of `item` the forward pass must return.
 fn logits_of(item: &PlanItem) -> Logits {
     match (item.prompt_logprobs, item.sample) {
         (true, _) => Logits::Every,
         (false, true) => Logits::Last,
         (false, false) => Logits::None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::test_support::{model_path, SMOLLM2_GGUF};
+    use crate::{EngineConfig, EngineHandle, EventStream, Prompt, SamplingParams};
+
+    fn engine() -> EngineHandle {
+        EngineHandle::start(&EngineConfig {
+            model: model_path(SMOLLM2_GGUF),
+            kv_cache_mb: 16,
+            ..EngineConfig::default()
+        })
+        .unwrap()
+    }
+
+    fn submit(engine: &EngineHandle, seed: u64) -> EventStream {
+        engine
+            .submit(GenerateRequest {
+                sampling: SamplingParams {
+                    seed: Some(seed),
+                    ..SamplingParams::default()
+                },
+                max_tokens: 8,
+                ..GenerateRequest::new(Prompt::Text("Once upon a time".into()))
+            })
+            .unwrap()
+    }
+
+    /// The final event of `stream`: its reason and error.
+    fn outcome(mut stream: EventStream) -> (FinishReason, Option<String>) {
+        loop {
+            match stream.blocking_next().expect("the stream ends with Finished") {
+                Event::Finished { reason, error, .. } => return (reason, error),
+                Event::Delta { .. } | Event::PromptLogprobs(_) => {}
+            }
+        }
+    }
+
+    #[test]
+    fn a_panic_while_sampling_ends_only_its_sequence() {
+        const SEED: u64 = 0x5A_4D_91;
+        let engine = engine();
+        sampler::faults::SAMPLE.store(SEED, Ordering::Relaxed);
+        let doomed = submit(&engine, SEED);
+        let neighbour = submit(&engine, 1);
+        assert_eq!(
+            outcome(doomed),
+            (
+                FinishReason::Error,
+                Some("internal error in the sampler".into())
+            )
+        );
+        assert_eq!(outcome(neighbour), (FinishReason::Length, None));
+        assert_eq!(outcome(submit(&engine, 2)), (FinishReason::Length, None));
+        assert!(engine.is_running());
+        // The figures are published once the step that ended the sequences is over.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while engine.stats().kv().gauges.device_used > 0 {
+            assert!(std::time::Instant::now() < deadline, "blocks leaked");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn a_panic_in_the_loop_fails_every_request_and_stops_the_engine() {
+        const SEED: u64 = 0x5A_4D_92;
+        let engine = engine();
+        sampler::faults::STEP.store(SEED, Ordering::Relaxed);
+        let neighbour = submit(&engine, 3);
+        let doomed = submit(&engine, SEED);
+        for stream in [doomed, neighbour] {
+            let (reason, error) = outcome(stream);
+            assert_eq!(reason, FinishReason::Error);
+            let error = error.unwrap();
+            assert!(error.contains("the engine failed"), "{error}");
+        }
+        let stopped = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+            .block_on(async { tokio::time::timeout(Duration::from_secs(10), engine.stopped()).await });
+        assert!(stopped.is_ok(), "the handle reports the stop");
+        assert!(!engine.is_running());
+        assert!(matches!(
+            engine.submit(GenerateRequest::new(Prompt::Text("Hi".into()))),
+            Err(crate::EngineError::Stopped)
+        ));
     }
 }

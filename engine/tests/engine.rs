@@ -526,3 +526,40 @@ fn prompt_logprobs_survive_a_recompute_in_the_middle_of_the_prompt() {
     assert_eq!(got.generated(), expect.generated());
     assert_pool_whole(&tight);
 }
+
+#[test]
+fn a_reader_that_stops_reading_ends_its_request_and_frees_its_blocks() {
+    let _serial = serial();
+    let engine = EngineHandle::start(&EngineConfig {
+        max_unread_events: 8,
+        ..config(64)
+    })
+    .unwrap();
+    let prompt = engine
+        .render_chat(&[ChatMessage::new("user", "Count from one to a thousand.")])
+        .unwrap();
+    let stream = engine
+        .submit(GenerateRequest {
+            sampling: SamplingParams::greedy(),
+            max_tokens: 500,
+            ignore_eos: true,
+            ..GenerateRequest::new(Prompt::Text(prompt))
+        })
+        .unwrap();
+    // Nothing is read: the engine must give up on the request by itself.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while engine.stats().decode_tokens.load(Ordering::Relaxed) == 0
+        || engine.stats().running.load(Ordering::Relaxed) > 0
+    {
+        assert!(Instant::now() < deadline, "the unread request still runs");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let outcome = collect(stream);
+    assert_eq!(outcome.reason, FinishReason::Error);
+    assert!(
+        outcome.error.as_deref().unwrap().contains("stopped reading"),
+        "{outcome:?}"
+    );
+    assert!(outcome.tokens.len() < 8, "at most the buffer was generated");
+    assert_pool_whole(&engine);
+}

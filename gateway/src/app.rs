@@ -5,16 +5,18 @@
 //! per request carrying that id; [`metrics::track`], which counts every answer, refusals
 //! included; [`auth::authenticate`] (401 without a valid key, when keys are configured);
 //! [`limits::admit`] (rate limits and the admission queue, for work requests); the body limit,
-//! which [`crate::http::json::ApiJson`] turns into a 413 envelope. Unknown paths and wrong
+//! which [`crate::http::json::ApiJson`] turns into a 413 envelope, and the body's read deadline,
+//! which it turns into a 408. Unknown paths and wrong
 //! methods answer with the envelope too, so a client never sees a bare status or a plain-text
 //! body from this server.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
-use axum::Router;
+use axum::{Extension, Router};
 use router::{AgentKind, SwarmConfig, Verifier, VerifierConfig};
 use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -22,8 +24,10 @@ use tower_http::trace::TraceLayer;
 
 use crate::auth::{self, Auth};
 use crate::config::ServeConfig;
+use crate::connection::ConnectionTimeouts;
 use crate::http;
 use crate::http::embeddings::Embeddings;
+use crate::http::json::BodyReadTimeout;
 use crate::http::responses::StoredResponses;
 use crate::http::swarm::Swarm;
 use crate::limits::{self, Limits};
@@ -31,7 +35,7 @@ use crate::metrics::{self, Metrics};
 use crate::openapi;
 use crate::session::Sessions;
 use crate::state;
-use crate::transport::{self, IntoTransport, Transport};
+use crate::transport::{IntoTransport, Transport};
 use crate::validate::structured::StructuredLimits;
 
 /// What every handler shares. Cloning is a few reference-count increments.
@@ -51,6 +55,9 @@ struct Inner {
     /// Unix seconds when the server was set up (the models' `created`).
     started: u64,
     max_body_bytes: usize,
+    body_read_timeout: Duration,
+    connection_timeouts: ConnectionTimeouts,
+    grpc_max_concurrent_streams: u32,
     structured: StructuredLimits,
     auth: Auth,
     limits: Limits,
@@ -76,7 +83,7 @@ impl AppState {
         let transport = transport.into_transport();
         let model_id = transport.model().id.clone();
         let verifier = Arc::new(Verifier::new(
-            transport::for_agent(transport.clone(), None),
+            transport.model(),
             default_verifier_prompt(),
             VerifierConfig::default(),
         ));
@@ -87,6 +94,9 @@ impl AppState {
                 model_id,
                 started: http::chat::unix_now(),
                 max_body_bytes: config.max_body_bytes,
+                body_read_timeout: Duration::from_secs_f64(config.body_read_timeout_secs),
+                connection_timeouts: config.connection_timeouts(),
+                grpc_max_concurrent_streams: config.grpc_max_concurrent_streams,
                 structured: config.structured_limits(),
                 auth: Auth::new(&config.api_keys, &config.admin_keys, config.metrics_public),
                 limits: Limits::new(config, store.clone()),
@@ -163,6 +173,16 @@ impl AppState {
 
     pub fn max_body_bytes(&self) -> usize {
         self.inner.max_body_bytes
+    }
+
+    /// The time limits of every HTTP connection.
+    pub fn connection_timeouts(&self) -> ConnectionTimeouts {
+        self.inner.connection_timeouts
+    }
+
+    /// gRPC calls one connection may carry at once.
+    pub fn grpc_max_concurrent_streams(&self) -> u32 {
+        self.inner.grpc_max_concurrent_streams
     }
 
     pub fn auth(&self) -> &Auth {
@@ -251,6 +271,7 @@ pub fn app(state: AppState) -> Router {
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes()))
+        .layer(Extension(BodyReadTimeout(state.inner.body_read_timeout)))
         .layer(from_fn_with_state(state.clone(), limits::admit))
         .layer(from_fn_with_state(state.clone(), auth::authenticate))
         .layer(from_fn_with_state(state.clone(), metrics::track))

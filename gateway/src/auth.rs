@@ -3,7 +3,7 @@
 //! Keys come from the configuration (`--api-key`, `SWARMGATE_API_KEYS`, or `api_keys` in the
 //! file) and are sent as `Authorization: Bearer KEY`. With no key configured the API is open and
 //! every request is the [`Caller::Anonymous`] caller. With keys, every route needs one except
-//! the probes (`/health`, `/ready`) and, unless `--metrics-public false`, `/metrics`; a missing
+//! the probes (`/health`, `/ready`) and, with `--metrics-public true`, `/metrics`; a missing
 //! key or a wrong one is a 401 before anything else runs.
 //!
 //! Admin keys (`--admin-key`, `SWARMGATE_ADMIN_KEYS`, `admin_keys`) are API keys that may also

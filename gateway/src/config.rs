@@ -48,6 +48,21 @@ pub struct ServeConfig {
     /// Largest request body accepted, in bytes; larger ones get 413 before any parsing.
     #[arg(long, env = "SWARMGATE_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Seconds a client may take to send a request's headers, counted from when its
+    /// connection is ready for a request (so also the longest an HTTP/1 connection waits
+    /// for a next request); then the connection is closed.
+    #[arg(long, env = "SWARMGATE_HEADER_READ_TIMEOUT_SECS", default_value_t = 10.0)]
+    pub header_read_timeout_secs: f64,
+    /// Seconds a client may take to send a request's body once the handler reads it; then 408.
+    #[arg(long, env = "SWARMGATE_BODY_READ_TIMEOUT_SECS", default_value_t = 30.0)]
+    pub body_read_timeout_secs: f64,
+    /// Seconds a connection may stay silent (no byte either way) before it is shut down: at
+    /// once when idle, after the request in flight otherwise.
+    #[arg(long, env = "SWARMGATE_IDLE_TIMEOUT_SECS", default_value_t = 60.0)]
+    pub idle_timeout_secs: f64,
+    /// gRPC calls one connection may carry at once (HTTP/2 `max_concurrent_streams`).
+    #[arg(long, env = "SWARMGATE_GRPC_MAX_CONCURRENT_STREAMS", default_value_t = 128)]
+    pub grpc_max_concurrent_streams: u32,
     /// On SIGTERM, how long requests in flight may take to finish before they are cut off.
     #[arg(long, env = "SWARMGATE_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
     pub shutdown_grace_secs: u64,
@@ -70,8 +85,9 @@ pub struct ServeConfig {
         hide_env_values = true
     )]
     pub admin_keys: Vec<ApiKey>,
-    /// Serve `/metrics` without a key even when keys are configured.
-    #[arg(long, env = "SWARMGATE_METRICS_PUBLIC", default_value_t = true, action = clap::ArgAction::Set)]
+    /// Serve `/metrics` without a key even when keys are configured (by default it takes a
+    /// key then: its series name agents and traffic).
+    #[arg(long, env = "SWARMGATE_METRICS_PUBLIC", default_value_t = false, action = clap::ArgAction::Set)]
     pub metrics_public: bool,
     /// Redis holding the rate-limit and budget buckets and the sessions' histories
     /// (`redis://host:port/db`), shared by every gateway replica pointed at it; without one they
@@ -94,7 +110,9 @@ pub struct ServeConfig {
     /// generated is given back); 0: no limit.
     #[arg(long, env = "SWARMGATE_TPM", default_value_t = 0)]
     pub tpm: u64,
-    /// Requests admitted at once (generating or streaming); the rest wait in line.
+    /// Sequences admitted at once (generating or streaming; a request with `n` choices or a
+    /// consensus of `n` samples counts `n`); the rest wait in line. At most the engine's
+    /// `max_queued`, so that what the gateway admits the engine takes.
     #[arg(long, env = "SWARMGATE_MAX_CONCURRENT_REQUESTS", default_value_t = 256)]
     pub max_concurrent_requests: usize,
     /// Requests that may wait for admission; beyond them requests get 503 at once.
@@ -146,6 +164,9 @@ pub const MAX_SESSION_TTL_SECS: u64 = 365 * 24 * 3600;
 /// cannot make the server buffer much.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 
+/// The longest a connection timeout may be set to: a day.
+pub const MAX_CONNECTION_TIMEOUT_SECS: f64 = 86_400.0;
+
 impl Default for ServeConfig {
     fn default() -> Self {
         Self {
@@ -154,10 +175,14 @@ impl Default for ServeConfig {
             port: 8080,
             grpc_port: 50051,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            header_read_timeout_secs: 10.0,
+            body_read_timeout_secs: 30.0,
+            idle_timeout_secs: 60.0,
+            grpc_max_concurrent_streams: 128,
             shutdown_grace_secs: 30,
             api_keys: Vec::new(),
             admin_keys: Vec::new(),
-            metrics_public: true,
+            metrics_public: false,
             redis: None,
             session_ttl_secs: 3600,
             session_max_bytes: 65536,
@@ -303,6 +328,27 @@ impl ServeConfig {
         if self.max_concurrent_requests == 0 {
             return Err("--max-concurrent-requests must be at least 1".into());
         }
+        if self.max_concurrent_requests > self.engine.max_queued {
+            return Err(format!(
+                "--max-concurrent-requests ({}) must not exceed the engine's --max-queued ({}): \
+                 the engine would refuse sequences the gateway admitted",
+                self.max_concurrent_requests, self.engine.max_queued
+            ));
+        }
+        for (flag, secs) in [
+            ("--header-read-timeout-secs", self.header_read_timeout_secs),
+            ("--body-read-timeout-secs", self.body_read_timeout_secs),
+            ("--idle-timeout-secs", self.idle_timeout_secs),
+        ] {
+            if !(secs.is_finite() && secs > 0.0 && secs <= MAX_CONNECTION_TIMEOUT_SECS) {
+                return Err(format!(
+                    "{flag} must be above 0 and at most {MAX_CONNECTION_TIMEOUT_SECS}, not {secs}"
+                ));
+            }
+        }
+        if self.grpc_max_concurrent_streams == 0 {
+            return Err("--grpc-max-concurrent-streams must be at least 1".into());
+        }
         if self.max_schema_bytes == 0 || self.max_schema_depth == 0 {
             return Err("--max-schema-bytes and --max-schema-depth must be positive".into());
         }
@@ -331,7 +377,6 @@ impl ServeConfig {
             .or_else(|| Some(PathBuf::from(DEFAULT_SWARM_FILE)).filter(|p| p.is_file()))
     }
 
-    /// The per-request timeouts; the config must be valid.
     /// The bounds on structured outputs and tools.
     pub fn structured_limits(&self) -> crate::validate::structured::StructuredLimits {
         crate::validate::structured::StructuredLimits {
@@ -342,10 +387,19 @@ impl ServeConfig {
         }
     }
 
+    /// The per-request timeouts; the config must be valid.
     pub fn timeouts(&self) -> Timeouts {
         Timeouts {
             first_token: Duration::from_secs_f64(self.first_token_timeout_secs),
             total: Duration::from_secs_f64(self.request_timeout_secs),
+        }
+    }
+
+    /// The per-connection timeouts; the config must be valid.
+    pub fn connection_timeouts(&self) -> crate::connection::ConnectionTimeouts {
+        crate::connection::ConnectionTimeouts {
+            header_read: Duration::from_secs_f64(self.header_read_timeout_secs),
+            idle: Duration::from_secs_f64(self.idle_timeout_secs),
         }
     }
 }
@@ -406,7 +460,7 @@ mod tests {
         assert_eq!(cli.engine.kv_cache_mb, default.engine.kv_cache_mb);
         assert_eq!(cli.max_concurrent_requests, default.max_concurrent_requests);
         assert_eq!(cli.request_timeout_secs, default.request_timeout_secs);
-        assert!(cli.metrics_public && cli.api_keys.is_empty());
+        assert!(!cli.metrics_public && cli.api_keys.is_empty());
         assert!(cli.validate().is_ok());
     }
 

@@ -50,6 +50,11 @@ impl Deadlines {
     pub fn first_token_error() -> ApiError {
         ApiError::Timeout(FIRST_TOKEN_TIMEOUT)
     }
+
+    /// The error for a request whose answer is not complete at the deadline.
+    pub fn total_error() -> ApiError {
+        ApiError::Timeout(TOTAL_TIMEOUT)
+    }
 }
 
 /// A request's events under its deadlines; see [`watch`].
@@ -76,11 +81,11 @@ impl<S> Watched<S> {
     /// Ends the stream with a timeout; dropping the engine's stream cancels the sequence.
     fn expire(&mut self) -> ApiError {
         self.events = None;
-        ApiError::Timeout(if self.started {
-            TOTAL_TIMEOUT
+        if self.started {
+            Deadlines::total_error()
         } else {
-            FIRST_TOKEN_TIMEOUT
-        })
+            Deadlines::first_token_error()
+        }
     }
 }
 

@@ -15,6 +15,7 @@
 //! | `Conflict` | 409 | `invalid_request_error` | its own (`agent_exists`, ...) | `invalid` |
 //! | `UnknownRoute` | 404 | `invalid_request_error` | `unknown_url` | `invalid` |
 //! | `MethodNotAllowed` | 405 | `invalid_request_error` | `method_not_allowed` | `invalid` |
+//! | `BodyTimeout` | 408 | `invalid_request_error` | `request_timeout` | `slow_client` |
 //! | `PayloadTooLarge` | 413 | `invalid_request_error` | `request_too_large` | `body_too_large` |
 //! | `RateLimited` | 429 + `Retry-After` | `rate_limit_error` | `rate_limit_exceeded` | `rate_limit` |
 //! | `Overloaded` | 503 + `Retry-After` | `server_error` | `overloaded` | `overloaded` |
@@ -95,6 +96,9 @@ pub enum ApiError {
         /// When the request would succeed, were it sent again.
         retry_after: Duration,
     },
+    /// The client did not send its request body within the server's body read timeout.
+    #[error("The request body did not arrive within {0} s.")]
+    BodyTimeout(f64),
     /// The engine's queue is full; retrying later may succeed.
     #[error("The server is overloaded ({0}); please retry shortly.")]
     Overloaded(String),
@@ -156,6 +160,7 @@ impl ApiError {
             Self::Conflict { .. } => StatusCode::CONFLICT,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::MissingApiKey | Self::InvalidApiKey => StatusCode::UNAUTHORIZED,
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Overloaded(_) | Self::Unavailable | Self::StoreUnavailable(_) => {
@@ -178,6 +183,7 @@ impl ApiError {
             Self::UnknownRoute { .. } => ("invalid_request_error", Some("unknown_url")),
             Self::MethodNotAllowed { .. } => ("invalid_request_error", Some("method_not_allowed")),
             Self::PayloadTooLarge => ("invalid_request_error", Some("request_too_large")),
+            Self::BodyTimeout(_) => ("invalid_request_error", Some("request_timeout")),
             Self::MissingApiKey | Self::InvalidApiKey => {
                 ("invalid_request_error", Some("invalid_api_key"))
             }
@@ -219,6 +225,7 @@ impl ApiError {
             | Self::MethodNotAllowed { .. } => "invalid",
             Self::MissingApiKey | Self::InvalidApiKey | Self::Forbidden { .. } => "auth",
             Self::PayloadTooLarge => "body_too_large",
+            Self::BodyTimeout(_) => "slow_client",
             Self::RateLimited { .. } => "rate_limit",
             Self::Overloaded(_) => "overloaded",
             Self::Timeout(_) => "timeout",

@@ -6,7 +6,12 @@
 //! `From<ApiError> for Status` impl below is the one table from errors to gRPC codes, as
 //! [`crate::error`] is for HTTP statuses.
 //!
-//! Invariant: as over HTTP, the engine's [`EventStream`] is owned by the call (the unary
+//! A call is admitted as an HTTP request is ([`crate::limits`]): the caller's rate, a seat in
+//! the admission queue, tokens per minute, both deadlines and the metrics. Each connection
+//! carries at most `grpc_max_concurrent_streams` calls at once, and a request message over the
+//! HTTP API's body limit is refused.
+//!
+//! Invariant: as over HTTP, the engine's event stream is owned by the call (the unary
 //! handler's future, or the response stream) and by nothing else; no task is spawned that holds
 //! it. When a client cancels, tonic drops the call, which drops the stream, which cancels the
 //! sequence and frees its KV blocks.
@@ -17,8 +22,9 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Instant;
 
-use engine::{Event, EventStream};
+use engine::Event;
 use futures::{Stream, StreamExt};
 use tokenizers::Tokenizer;
 use tokio::net::TcpListener;
@@ -31,6 +37,7 @@ use crate::api::tools::{FunctionCall, ToolCall};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::chat::{finish_reason, LOST_STREAM};
+use crate::limits::Events;
 use crate::logprobs;
 use crate::tool_calls::{self, EnvelopeReader, Piece};
 use crate::validate::structured::{self, Reply};
@@ -58,8 +65,10 @@ pub async fn serve_on(
     // acknowledged.
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let limit = state.max_body_bytes();
+    let streams = state.grpc_max_concurrent_streams();
     let service = InferenceServer::new(InferenceService { state }).max_decoding_message_size(limit);
     Server::builder()
+        .max_concurrent_streams(Some(streams))
         .trace_fn(|request| tracing::info_span!("grpc", path = %request.uri().path()))
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, shutdown)
@@ -109,20 +118,23 @@ impl Inference for InferenceService {
 }
 
 impl InferenceService {
-    /// Checks the caller's key (sent as `authorization: Bearer KEY` metadata), validates
+    /// Checks the caller's key (sent as `authorization: Bearer KEY` metadata), admits the call
+    /// as the HTTP API admits a request (rate, seats, tokens, deadlines, metrics), validates
     /// `request` by the HTTP API's rules and hands it to the engine.
-    async fn submit(
-        &self,
-        request: Request<pb::ChatRequest>,
-    ) -> Result<(Answer, EventStream), ApiError> {
-        self.state
+    async fn submit(&self, request: Request<pb::ChatRequest>) -> Result<(Answer, Events), ApiError> {
+        let state = &self.state;
+        let caller = state
             .auth()
             .check(&request.metadata().clone().into_headers())?;
-        let model = self.state.model();
-        let limits = self.state.structured_limits();
+        let admission = state.limits().admit(caller, Instant::now()).await?;
+        let model = state.model();
+        let limits = state.structured_limits();
         let valid = validate_chat(wire_request(request.into_inner())?, model, limits)?;
         structured::compile(model, &valid.structured, limits).await?;
-        let events = self.state.transport().submit(None, valid.generate).await?;
+        let seats = admission.reserve(state, 1).await?;
+        let events = admission
+            .submit(state, &seats, valid.prompt_tokens, valid.generate)
+            .await?;
         let reader = match valid.structured.reply {
             Reply::Envelope { json_response } => Some(EnvelopeReader::new(json_response)),
             Reply::Text => None,
@@ -213,14 +225,11 @@ struct Answer {
 
 impl Answer {
     /// Waits for the whole generation and returns it as one response.
-    async fn collect(
-        self,
-        mut events: impl Stream<Item = Event> + Unpin,
-    ) -> Result<pb::ChatResponse, ApiError> {
+    async fn collect(self, mut events: Events) -> Result<pb::ChatResponse, ApiError> {
         let mut text = String::new();
         let mut logprobs = Vec::new();
         while let Some(event) = events.next().await {
-            match event {
+            match event? {
                 Event::Delta {
                     text: delta,
                     logprobs: token_logprobs,
@@ -273,15 +282,18 @@ impl Answer {
     /// The answer as a stream of chunks, ending with the one that carries the finish reason and
     /// the usage, or with an error status. The returned stream owns `events`, and drops it as
     /// soon as the engine has finished.
-    fn chunks(
-        self,
-        events: impl Stream<Item = Event> + Unpin + Send,
-    ) -> impl Stream<Item = Result<pb::ChatChunk, Status>> + Send {
+    fn chunks(self, events: Events) -> impl Stream<Item = Result<pb::ChatChunk, Status>> + Send {
         futures::stream::unfold(
             (self, Some(events)),
             |(mut answer, mut events)| async move {
                 loop {
-                    let chunk = match events.as_mut()?.next().await {
+                    let next = match events.as_mut()?.next().await {
+                        Some(Ok(event)) => Some(event),
+                        // A deadline passed: the error ends the stream.
+                        Some(Err(e)) => return Some((Err(e.into()), (answer, None))),
+                        None => None,
+                    };
+                    let chunk = match next {
                         // An empty delta is the detokenizer holding back part of a character or a
                         // possible stop string; only its log-probabilities are news.
                         Some(Event::Delta { text, logprobs, .. })
@@ -440,7 +452,7 @@ impl From<ApiError> for Status {
             }
             ApiError::MissingApiKey | ApiError::InvalidApiKey => Code::Unauthenticated,
             ApiError::PayloadTooLarge | ApiError::RateLimited { .. } => Code::ResourceExhausted,
-            ApiError::Timeout(_) => Code::DeadlineExceeded,
+            ApiError::Timeout(_) | ApiError::BodyTimeout(_) => Code::DeadlineExceeded,
             // UNAVAILABLE is the code gRPC clients retry, with backoff, by default.
             ApiError::Overloaded(_) | ApiError::Unavailable | ApiError::StoreUnavailable(_) => {
                 Code::Unavailable
@@ -467,6 +479,11 @@ mod tests {
     use super::*;
     use crate::test_support::model_info;
     use crate::validate::structured::StructuredLimits;
+
+    /// `events` as an admitted call's stream.
+    fn admitted(events: Vec<Event>) -> Events {
+        Box::pin(futures::stream::iter(events.into_iter().map(Ok)))
+    }
 
     fn model() -> &'static ModelInfo {
         static MODEL: OnceLock<ModelInfo> = OnceLock::new();
@@ -503,7 +520,7 @@ mod tests {
     }
 
     async fn stream(answer: Answer, events: Vec<Event>) -> Vec<Result<pb::ChatChunk, Status>> {
-        answer.chunks(futures::stream::iter(events)).collect().await
+        answer.chunks(admitted(events)).collect().await
     }
 
     #[tokio::test]
@@ -540,7 +557,7 @@ mod tests {
             i32::from(pb::FinishReason::ToolCalls)
         );
         let whole = envelope()
-            .collect(futures::stream::iter(events()))
+            .collect(admitted(events()))
             .await
             .unwrap();
         assert_eq!(whole.text, "");
@@ -791,7 +808,7 @@ mod tests {
             finished(FinishReason::Stop, None),
         ];
         let response = answer(false)
-            .collect(futures::stream::iter(events))
+            .collect(admitted(events))
             .await
             .unwrap();
         assert_eq!(response.text, "Hello world");
@@ -801,7 +818,7 @@ mod tests {
 
         let events = vec![delta("Hi"), finished(FinishReason::Cancelled, None)];
         let error = answer(false)
-            .collect(futures::stream::iter(events))
+            .collect(admitted(events))
             .await
             .unwrap_err();
         assert!(matches!(error, ApiError::Generation(_)), "{error:?}");

@@ -24,7 +24,8 @@
 //!   [`validate`] too, and its errors map to gRPC codes in one table.
 //! - [`openapi`] is the API's OpenAPI document, generated from [`api`] and the handlers.
 //! - [`config`] is the server's settings: flags, environment and configuration file; [`serve`]
-//!   runs it all.
+//!   runs it all, and [`connection`] serves each TCP connection under its header and idle
+//!   timeouts.
 //!
 //! Handlers reach the engines only through [`transport::Transport::submit`] and the stream it
 //! returns, whether the engine runs on a thread of this process (`swarmgate serve`) or in
@@ -42,6 +43,7 @@ pub mod api;
 pub mod app;
 pub mod auth;
 pub mod config;
+pub mod connection;
 pub mod deadline;
 pub mod error;
 pub mod grpc;
@@ -124,6 +126,7 @@ pub async fn serve(
         }
         None => None,
     };
+    let engine = transport.local_engine().cloned();
     let mut state = AppState::configured(transport.clone(), &config);
     if let Some(embeddings) = embeddings {
         state = state.with_embeddings(embeddings);
@@ -134,10 +137,11 @@ pub async fn serve(
         // policy asks for the judge; without one the shipped prompt stays).
         if let Some((name, prompt)) = verifier {
             let verifier = router::Verifier::new(
-                transport::for_agent(transport, Some(&name)),
+                transport.model(),
                 prompt,
                 router::VerifierConfig::default(),
-            );
+            )
+            .as_agent(name);
             state = state.with_verifier(verifier);
         }
     }
@@ -159,6 +163,13 @@ pub async fn serve(
     let grace = std::time::Duration::from_secs(config.shutdown_grace_secs);
     tokio::select! {
         served = async { tokio::try_join!(http, grpc).map(|_| ()) } => served,
+        // Its requests have already ended with errors; exiting lets a supervisor restart us.
+        () = async {
+            match &engine {
+                Some(engine) => engine.stopped().await,
+                None => std::future::pending().await,
+            }
+        } => Err(anyhow::anyhow!("the engine failed and stopped; exiting so that it is restarted")),
         // Dropping the servers ends the remaining streams, which cancels their sequences.
         () = async {
             signal.clone().await;
@@ -181,9 +192,8 @@ pub async fn serve_on(
         tracing::info!(%addr, model = %state.model_id(), "listening");
     }
     let upkeep = tokio::spawn(state.metrics().clone().upkeep());
-    let served = axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let timeouts = state.connection_timeouts();
+    let served = connection::serve(listener, app(state), timeouts, shutdown).await;
     upkeep.abort();
     served
 }

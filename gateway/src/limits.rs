@@ -1,24 +1,32 @@
-//! What the server lets in: per-caller rate limits, a bounded admission queue, and deadlines.
+//! What the server lets in: per-caller rate limits, a bounded admission queue counted in
+//! sequences, and deadlines. Every path that runs the engine passes here: HTTP and gRPC
+//! requests, the swarm's hops, and the internal agents (router, verifier) serving a request.
 //!
-//! Work requests (every `POST /v1/...`) pass [`admit`], a layer after authentication, in this
-//! order:
-//! 1. requests per minute: one unit from the caller's `rpm` bucket, else 429 with
-//!    `Retry-After`;
-//! 2. the admission queue: a slot among `max_concurrent_requests` at once, waiting in line
-//!    (first come, first served) when all are taken; when `max_queued_requests` already wait,
-//!    503 at once. The wait counts toward the first-token deadline: a request still in line
-//!    when it passes gets 504. The slot is held until the response body is finished, so a
-//!    stream holds its slot while it streams;
-//! 3. the handler, given an [`Admission`]: [`Admission::submit`] charges tokens per minute
-//!    (prompt plus `max_tokens`, else 429), gives the engine the total deadline, and watches
-//!    both deadlines and the metrics while the answer runs. When the answer ends, the tokens it
-//!    did not generate are given back.
+//! A work request (every `POST /v1/...`, and every gRPC chat) is admitted in three steps:
+//! 1. [`Limits::admit`], before its body is read: one unit from the caller's `rpm` bucket,
+//!    else 429 with `Retry-After`. The request gets an [`Admission`]: its caller, its deadlines
+//!    and its priority. Over HTTP the [`admit`] layer does this, after authentication.
+//! 2. [`Admission::reserve`], once its body is parsed and it knows how many sequences it runs at
+//!    once (`n` choices, consensus samples, one for a verification): seats for all of them
+//!    together among `max_concurrent_requests`, waiting in line (first come, first served)
+//!    when they are taken; when `max_queued_requests` already wait, 503 at once. A request
+//!    never holds part of its seats while waiting for the rest, so no two requests can hold
+//!    each other up. The wait counts toward the first-token deadline: a request still in line
+//!    when it passes gets 504. The seats are released when the last of the request's streams
+//!    is dropped, so a stream holds its seats while it streams.
+//! 3. [`Admission::submit`] per engine call: charges tokens per minute (prompt plus
+//!    `max_tokens`, else 429), gives the engine the total deadline and the request's priority,
+//!    and watches both deadlines and the metrics while the answer runs. When the answer ends,
+//!    the tokens it did not generate are given back. [`Admission::engine`] is the same for the
+//!    router and the verifier: their calls run in the request's seats, at its priority, charged
+//!    to its caller.
 //!
 //! Limits are per [`Caller`]: per API key when keys are configured; without keys all traffic
 //! is one caller, so `rpm` and `tpm` bound the server as a whole (per-client limits need a key
 //! per client: addresses behind proxies and NATs do not name clients). A request costing more
 //! tokens than a whole minute's quota is charged the whole quota: it waits for a full bucket
-//! and empties it, rather than failing forever.
+//! and empties it, rather than failing forever. A request that runs more sequences at once
+//! than there are seats can never run: a 400 says so.
 //!
 //! Memory stays flat under any load: the queue is a semaphore with a counted, bounded line of
 //! waiters; a refused request leaves nothing behind; buckets are bounded by the
@@ -27,18 +35,18 @@
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Instant;
 
-use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use engine::{Event, GenerateRequest};
+use engine::{
+    EngineError, Event, EventStream, Generate, GenerateRequest, ModelInfo, Prompt, RequestId,
+};
+use futures::future::BoxFuture;
 use futures::{Stream, StreamExt};
-use http_body::{Frame, SizeHint};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::app::AppState;
@@ -213,10 +221,19 @@ impl AdmissionQueue {
         }
     }
 
-    /// A slot, at once or after waiting in line; `Overloaded` when the line is full.
-    async fn enter(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+    /// Seats for `sequences`, at once or after waiting in line; `Overloaded` when the line is
+    /// full, and a 400 when there are not that many seats at all.
+    async fn enter(&self, sequences: usize) -> Result<OwnedSemaphorePermit, ApiError> {
+        if sequences > self.running {
+            return Err(ApiError::invalid_request(format!(
+                "this request runs {sequences} sequences at once (its n choices or samples); \
+                 this server runs at most {} at once",
+                self.running
+            )));
+        }
+        let seats = sequences.max(1) as u32;
         // The semaphore hands freed permits to waiters first, so this cannot jump the line.
-        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+        if let Ok(slot) = self.slots.clone().try_acquire_many_owned(seats) {
             return Ok(slot);
         }
         let joined = self
@@ -226,7 +243,7 @@ impl AdmissionQueue {
             });
         if joined.is_err() {
             return Err(ApiError::Overloaded(format!(
-                "{} requests running and {} waiting",
+                "{} sequences running and {} requests waiting",
                 self.running, self.max_waiting
             )));
         }
@@ -235,18 +252,21 @@ impl AdmissionQueue {
         Ok(self
             .slots
             .clone()
-            .acquire_owned()
+            .acquire_many_owned(seats)
             .await
             .expect("the admission semaphore stays open"))
     }
 }
 
-/// What [`admit`] grants a work request: whom it counts against and when it must be done.
+/// What [`Limits::admit`] grants a work request: whom it counts against, when it must be
+/// done, and at what priority its sequences run.
 #[derive(Clone, Copy, Debug)]
 pub struct Admission {
     pub caller: Caller,
     pub arrived: Instant,
     pub deadlines: Deadlines,
+    /// The engine priority of every sequence the request runs, its internal agents' included.
+    pub priority: i32,
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Admission {
@@ -259,32 +279,57 @@ impl<S: Send + Sync> FromRequestParts<S> for Admission {
     }
 }
 
+/// A request's seats in the admission queue. Every stream the request runs holds a clone; the
+/// seats are free again when the last is dropped.
+#[derive(Clone, Debug)]
+pub struct Seats {
+    _held: Arc<OwnedSemaphorePermit>,
+}
+
+/// An engine call's events, ended by an `Err` if a deadline passes first.
+pub type Events = Pin<Box<dyn Stream<Item = Result<Event, ApiError>> + Send>>;
+
 impl Admission {
-    /// Runs `request` (whose prompt is `prompt_tokens` long) on the engine under this request's
-    /// limits: charges its tokens, sets its deadline, and returns its events, ended by an `Err`
-    /// if a deadline passes first. Dropping the stream cancels the request.
+    /// Seats for `sequences` sequences at once; see the module header.
+    pub async fn reserve(&self, state: &AppState, sequences: usize) -> Result<Seats, ApiError> {
+        let queue = &state.limits().queue;
+        let seats = tokio::time::timeout_at(self.deadlines.first_token.into(), queue.enter(sequences))
+            .await
+            .map_err(|_| Deadlines::first_token_error())??;
+        state.metrics().queued(self.arrived.elapsed());
+        Ok(Seats {
+            _held: Arc::new(seats),
+        })
+    }
+
+    /// Runs `request` (whose prompt is `prompt_tokens` long) on the engine in `seats` under
+    /// this request's limits: charges its tokens, sets its deadline and priority, and returns
+    /// its events, ended by an `Err` if a deadline passes first. Dropping the stream cancels
+    /// the request.
     pub async fn submit(
         &self,
         state: &AppState,
+        seats: &Seats,
         prompt_tokens: usize,
         request: GenerateRequest,
-    ) -> Result<impl Stream<Item = Result<Event, ApiError>> + Send + Unpin + 'static, ApiError>
-    {
-        self.submit_as(state, prompt_tokens, request, None).await
+    ) -> Result<Events, ApiError> {
+        self.submit_as(state, seats, prompt_tokens, request, None)
+            .await
     }
 
     /// [`Admission::submit`], with the request's metrics also counted as `agent`'s.
     pub async fn submit_as(
         &self,
         state: &AppState,
+        seats: &Seats,
         prompt_tokens: usize,
         mut request: GenerateRequest,
         agent: Option<&str>,
-    ) -> Result<impl Stream<Item = Result<Event, ApiError>> + Send + Unpin + 'static, ApiError>
-    {
+    ) -> Result<Events, ApiError> {
         let cost = (prompt_tokens + request.max_tokens) as u64;
         let charge = state.limits().charge_tokens(self.caller, cost).await?;
         request.deadline = Some(self.deadlines.total);
+        request.priority = self.priority;
         let events = match state.transport().submit(agent, request).await {
             Ok(events) => events,
             Err(e) => {
@@ -293,13 +338,140 @@ impl Admission {
             }
         };
         let mut charge = Some(charge);
+        let seats = seats.clone();
         let events = events.inspect(move |event| {
+            let _held = &seats;
             if let (Event::Finished { usage, .. }, Some(charge)) = (event, charge.take()) {
                 charge.settle((usage.prompt_tokens + usage.completion_tokens) as u64);
             }
         });
         let events = deadline::watch(events, self.deadlines);
-        Ok(state.metrics().observe(events, self.arrived, agent))
+        Ok(Box::pin(state.metrics().observe(events, self.arrived, agent)))
+    }
+
+    /// Runs `work` (done outside the engine, such as embeddings) in `seats` under this
+    /// request's limits: `tokens` at most charged to the caller up front, the unused given back
+    /// once `work` reports what it used, and the total deadline.
+    pub async fn run_outside_engine<T>(
+        &self,
+        state: &AppState,
+        _seats: &Seats,
+        tokens: u64,
+        work: impl std::future::Future<Output = Result<(T, u64), ApiError>>,
+    ) -> Result<T, ApiError> {
+        let charge = state.limits().charge_tokens(self.caller, tokens).await?;
+        match tokio::time::timeout_at(self.deadlines.total.into(), work).await {
+            Ok(Ok((done, used))) => {
+                charge.settle(used);
+                Ok(done)
+            }
+            Ok(Err(e)) => {
+                charge.settle(0);
+                Err(e)
+            }
+            Err(_) => {
+                charge.settle(0);
+                Err(Deadlines::total_error())
+            }
+        }
+    }
+
+    /// The engine as the router and the verifier see it while they serve this request: each
+    /// call runs as `agent`'s (the internal agent's name, for the transport and the metrics),
+    /// in `seats`, at this request's priority, charged to its caller. A call the limits refuse
+    /// fails; [`AdmittedEngine::refusal`] then tells why, to answer with that instead.
+    pub fn engine(&self, state: &AppState, seats: &Seats, agent: Option<&str>) -> AdmittedEngine {
+        AdmittedEngine {
+            state: state.clone(),
+            admission: *self,
+            seats: seats.clone(),
+            agent: agent.map(str::to_owned),
+            refusal: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+/// An internal agent's engine for one request; see [`Admission::engine`].
+pub struct AdmittedEngine {
+    state: AppState,
+    admission: Admission,
+    seats: Seats,
+    agent: Option<String>,
+    refusal: std::sync::Mutex<Option<ApiError>>,
+}
+
+impl AdmittedEngine {
+    /// Why the limits refused the last call they refused, if they did: the error to answer
+    /// with, rather than the engine error the agent saw.
+    pub fn refusal(&self) -> Option<ApiError> {
+        self.refusal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// `error` as the request's answer: the refusal behind it, when there was one.
+    pub fn explain(&self, error: impl Into<ApiError>) -> ApiError {
+        self.refusal().unwrap_or_else(|| error.into())
+    }
+}
+
+impl Generate for AdmittedEngine {
+    fn model(&self) -> &ModelInfo {
+        self.state.model()
+    }
+
+    fn submit(&self, mut request: GenerateRequest) -> BoxFuture<'_, engine::Result<EventStream>> {
+        Box::pin(async move {
+            // Tokenized once here: the charge needs the length, the engine the tokens.
+            let prompt = self.state.model().check(&request)?;
+            let prompt_tokens = prompt.len();
+            request.prompt = Prompt::Tokens(prompt);
+            let submitted = self
+                .admission
+                .submit_as(
+                    &self.state,
+                    &self.seats,
+                    prompt_tokens,
+                    request,
+                    self.agent.as_deref(),
+                )
+                .await;
+            let mut events = match submitted {
+                Ok(events) => events,
+                Err(refused) => {
+                    let message = refused.to_string();
+                    *self.refusal.lock().unwrap_or_else(|e| e.into_inner()) = Some(refused);
+                    return Err(EngineError::Overloaded(message));
+                }
+            };
+            // The agent reads an engine stream: relay the admitted events into one. The relay
+            // ends when either side does, so dropping the agent's stream cancels the call, and
+            // an agent that stops reading holds up the relay, and so the engine's buffer.
+            let (tx, rx) = engine::event_channel();
+            tokio::spawn(async move {
+                loop {
+                    let event = tokio::select! {
+                        () = tx.closed() => return,
+                        event = events.next() => event,
+                    };
+                    let event = match event {
+                        Some(Ok(event)) => event,
+                        Some(Err(e)) => Event::Finished {
+                            reason: engine::FinishReason::Error,
+                            usage: engine::Usage::default(),
+                            error: Some(e.to_string()),
+                        },
+                        None => return,
+                    };
+                    let last = matches!(event, Event::Finished { .. });
+                    if tx.send(event).await.is_err() || last {
+                        return;
+                    }
+                }
+            });
+            Ok(EventStream::new(RequestId(0), prompt_tokens, rx))
+        })
     }
 }
 
@@ -310,70 +482,44 @@ fn is_work(request: &Request) -> bool {
     request.method() == Method::POST && path.starts_with("/v1/") && path != "/v1/agents"
 }
 
-/// The layer: rate limit, then a slot in the admission queue, then the handler; the slot is
-/// released when the response body is done. Other requests pass untouched.
+impl Limits {
+    /// Admits a work request from `caller` that arrived at `arrived` (step 1 of the module
+    /// header): its rate, then its deadlines.
+    pub async fn admit(&self, caller: Caller, arrived: Instant) -> Result<Admission, ApiError> {
+        self.check_rate(caller).await?;
+        Ok(Admission {
+            caller,
+            arrived,
+            deadlines: self.timeouts.from(arrived),
+            priority: 0,
+        })
+    }
+}
+
+/// The layer: [`Limits::admit`] for work requests, before their bodies are read; the handler
+/// reserves its seats once it knows how many sequences it runs. Other requests pass untouched.
 pub async fn admit(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     if !is_work(&request) {
         return next.run(request).await;
     }
-    let arrived = Instant::now();
-    let limits = state.limits();
     let caller = request
         .extensions()
         .get::<Caller>()
         .copied()
         .unwrap_or_default();
-    let deadlines = limits.timeouts.from(arrived);
-    let admitted = async {
-        limits.check_rate(caller).await?;
-        tokio::time::timeout_at(deadlines.first_token.into(), limits.queue.enter())
-            .await
-            .map_err(|_| Deadlines::first_token_error())?
-    };
-    let slot = match admitted.await {
-        Ok(slot) => slot,
-        Err(error) => return error.into_response(),
-    };
-    state.metrics().queued(arrived.elapsed());
-    request.extensions_mut().insert(Admission {
-        caller,
-        arrived,
-        deadlines,
-    });
-    next.run(request)
-        .await
-        .map(|body| Body::new(Holding { body, _slot: slot }))
-}
-
-/// A response body that holds its request's admission slot until it is done or dropped.
-struct Holding {
-    body: Body,
-    _slot: OwnedSemaphorePermit,
-}
-
-impl http_body::Body for Holding {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+    match state.limits().admit(caller, Instant::now()).await {
+        Ok(admission) => {
+            request.extensions_mut().insert(admission);
+            next.run(request).await
+        }
+        Err(error) => error.into_response(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::future::Future;
+    use std::task::{Context, Poll};
     use std::time::Duration;
 
     use super::*;
@@ -391,15 +537,15 @@ mod tests {
     #[tokio::test]
     async fn the_queue_admits_then_lines_up_then_refuses() {
         let queue = AdmissionQueue::new(2, 1);
-        let first = queue.enter().await.unwrap();
-        let _second = queue.enter().await.unwrap();
-        let mut third = Box::pin(queue.enter());
+        let first = queue.enter(1).await.unwrap();
+        let _second = queue.enter(1).await.unwrap();
+        let mut third = Box::pin(queue.enter(1));
         assert!(
             poll_once(&mut third).is_pending(),
             "all slots taken: it waits"
         );
         assert_eq!(queue.waiting.load(Ordering::Acquire), 1);
-        let refused = queue.enter().await.unwrap_err();
+        let refused = queue.enter(1).await.unwrap_err();
         assert!(
             matches!(refused, ApiError::Overloaded(_)),
             "the line is full"
@@ -413,15 +559,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_request_takes_all_its_seats_at_once() {
+        let queue = AdmissionQueue::new(4, 2);
+        let three = queue.enter(3).await.unwrap();
+        let mut two = Box::pin(queue.enter(2));
+        assert!(
+            poll_once(&mut two).is_pending(),
+            "one seat free: it waits for both"
+        );
+        assert_eq!(queue.slots.available_permits(), 1, "holding none meanwhile");
+        let mut all = Box::pin(queue.enter(4));
+        assert!(poll_once(&mut all).is_pending());
+        drop(three);
+        let Poll::Ready(two) = poll_once(&mut two) else {
+            panic!("freed seats go to the line, in order");
+        };
+        assert!(poll_once(&mut all).is_pending(), "two seats are still taken");
+        drop(two.unwrap());
+        assert!(poll_once(&mut all).is_ready());
+        let never = queue.enter(5).await.unwrap_err();
+        assert_eq!(never.status(), axum::http::StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
     async fn a_request_that_gives_up_leaves_the_line() {
         let queue = AdmissionQueue::new(1, 1);
-        let slot = queue.enter().await.unwrap();
-        let mut waiter = Box::pin(queue.enter());
+        let slot = queue.enter(1).await.unwrap();
+        let mut waiter = Box::pin(queue.enter(1));
         assert!(poll_once(&mut waiter).is_pending());
         drop(waiter);
         assert_eq!(queue.waiting.load(Ordering::Acquire), 0);
         drop(slot);
-        let _again = queue.enter().await.expect("neither slot nor place leaked");
+        let _again = queue.enter(1).await.expect("neither slot nor place leaked");
     }
 
     #[tokio::test]

@@ -1,16 +1,20 @@
 //! Conversation sessions: the gateway keeps a chat's history, so that a client sends only its
 //! new turn.
 //!
-//! A chat request belongs to a session when it carries an `x-session-id` header, else a `user`
-//! field; an id is 1 to [`MAX_ID_BYTES`] bytes. A session is also its caller's: its history is
-//! stored under the [`Caller`] and the id together, so a request with another API key never
-//! reads it, whatever id it sends. The response carries `x-session-id` back ([`Echo`]): its
-//! request was answered in its session.
+//! A chat request belongs to a session when it carries an `x-session-id` header; an id is 1 to
+//! [`MAX_ID_BYTES`] bytes. OpenAI's `user` field names an end user for abuse monitoring, not a
+//! conversation, so it opens no session: two chats of one user are two conversations. A
+//! session is also its caller's: its history is stored under the [`Caller`] and the id
+//! together, so a request with another API key never reads it, whatever id it sends. The
+//! response carries `x-session-id` back ([`Echo`]): its request was answered in its session.
 //!
 //! A request in a session ([`Sessions::open`]):
 //! 1. reads the history (which keeps it for another TTL) and puts it before the request's
 //!    messages, unless they already begin with it: a client that resends the whole
-//!    conversation is not repeated;
+//!    conversation is not repeated. What goes before is trimmed to fit the model's context:
+//!    its oldest turns go, never the opening system messages, until the prompt leaves room for
+//!    the answer (`max_tokens`, else a quarter of the context). A long session thus never
+//!    reaches a state where every turn is refused as too long;
 //! 2. is validated and answered as any chat request;
 //! 3. once answered ([`Turn::commit`]; a stream once its choice finished with `stop` or
 //!    `length`, before `[DONE]`, [`Turn::record`]), appends one turn: its new messages and the
@@ -26,7 +30,7 @@
 //! A session keeps one conversation: `n` above 1 is refused (400 naming `n`), as there would be
 //! no one answer to keep. Requests of one session are meant to follow one another; concurrent
 //! ones each see the history as it was when they started, and append in the order they finish.
-//! Sessions are the HTTP chat API's, plain and swarm; text completions ignore `user`.
+//! Sessions are the HTTP chat API's, plain and swarm.
 //!
 //! The histories live in the [`StateStore`]: in this process without Redis, in Redis with
 //! `--redis`, where every replica sees them. A store that does not answer fails the request
@@ -40,7 +44,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponseParts, ResponseParts};
-use engine::ChatMessage;
+use engine::{ChatMessage, ModelInfo};
 use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt};
 
@@ -76,26 +80,23 @@ impl Sessions {
         Self { store, limit }
     }
 
-    /// `request`'s turn in its session, with the stored history put before its messages; a
-    /// turn of no session when the request names none (or sessions are off and it names one
-    /// only by `user`).
+    /// `request`'s turn in its session, with the stored history put before its messages (as
+    /// much of it as fits `model`'s context); a turn of no session when the request names none.
     pub async fn open(
         &self,
         caller: Caller,
         headers: &HeaderMap,
+        model: &ModelInfo,
         request: &mut ChatCompletionRequest,
     ) -> Result<Turn, ApiError> {
-        let Some(id) = SessionId::of(headers, request)? else {
+        let Some(id) = SessionId::of(headers)? else {
             return Ok(Turn(None));
         };
         let Some(limit) = self.limit else {
-            return match id.param {
-                "user" => Ok(Turn(None)),
-                param => Err(ApiError::invalid(
-                    param,
-                    "conversation sessions are turned off on this server (--session-ttl-secs 0)",
-                )),
-            };
+            return Err(ApiError::invalid(
+                SESSION_HEADER,
+                "conversation sessions are turned off on this server (--session-ttl-secs 0)",
+            ));
         };
         if request.options.n.is_some_and(|n| n != 1) {
             return Err(ApiError::invalid(
@@ -104,14 +105,20 @@ impl Sessions {
             ));
         }
         let sent = validate::messages(request.messages.clone())?;
-        let name = format!("{caller}:{}", id.id);
+        let name = format!("{caller}:{id}");
         let entries = self.store.history(&name, limit.ttl).await?;
         let history = parse(&entries)?;
         let Spliced {
-            before,
+            mut before,
             opening,
             new,
-        } = splice(history, sent);
+        } = splice(history, sent.clone());
+        let room = request
+            .max_completion_tokens
+            .or(request.options.max_tokens)
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(model.context_length / 4);
+        fit(model, &mut before, &sent, room)?;
         if !before.is_empty() {
             request.messages.splice(0..0, before.into_iter().map(wire));
         }
@@ -121,43 +128,83 @@ impl Sessions {
             limit,
             opening,
             new,
-            echo: HeaderValue::from_str(&id.id).ok(),
+            echo: HeaderValue::from_str(&id).ok(),
         })))
     }
 }
 
-/// A session id and the field it came from.
-#[derive(Debug, PartialEq)]
-struct SessionId {
-    id: String,
-    /// `x-session-id` or `user`, for the 400 a bad id gets.
-    param: &'static str,
-}
+/// A session id: the `x-session-id` header.
+struct SessionId;
 
 impl SessionId {
-    /// The header's id, else `user`; `None` when there is neither.
-    fn of(headers: &HeaderMap, request: &ChatCompletionRequest) -> Result<Option<Self>, ApiError> {
-        let (id, param) = match (headers.get(SESSION_HEADER), &request.options.user) {
-            (Some(value), _) => {
-                let id = value.to_str().map_err(|_| {
-                    ApiError::invalid(SESSION_HEADER, "x-session-id must be printable ASCII")
-                })?;
-                (id.to_owned(), SESSION_HEADER)
-            }
-            (None, Some(user)) => (user.clone(), "user"),
-            (None, None) => return Ok(None),
+    /// The header's id; `None` when there is none.
+    fn of(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+        let Some(value) = headers.get(SESSION_HEADER) else {
+            return Ok(None);
         };
+        let id = value
+            .to_str()
+            .map_err(|_| ApiError::invalid(SESSION_HEADER, "x-session-id must be printable ASCII"))?;
         if id.is_empty() || id.len() > MAX_ID_BYTES {
             return Err(ApiError::invalid(
-                param,
+                SESSION_HEADER,
                 format!(
-                    "a session id ({param}) must be 1 to {MAX_ID_BYTES} bytes; got {}",
+                    "a session id (x-session-id) must be 1 to {MAX_ID_BYTES} bytes; got {}",
                     id.len()
                 ),
             ));
         }
-        Ok(Some(Self { id, param }))
+        Ok(Some(id.to_owned()))
     }
+}
+
+/// Template tokens a message costs besides its content (`<|im_start|>`, the role, newlines,
+/// `<|im_end|>`), with room to spare for templates that say more: the fit errs on the short
+/// side.
+const MESSAGE_OVERHEAD_TOKENS: usize = 8;
+
+/// Drops the oldest turns of `before` (whole turns, from a user message to the next; never
+/// the opening system messages) until `before` and then `sent` leave `room` tokens of the
+/// model's window for the answer, or nothing is left to drop.
+fn fit(
+    model: &ModelInfo,
+    before: &mut Vec<ChatMessage>,
+    sent: &[ChatMessage],
+    room: usize,
+) -> Result<(), ApiError> {
+    let tokens = |text: &str| -> Result<usize, ApiError> {
+        Ok(model
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| ApiError::Internal(format!("tokenizing a session's history: {e}")))?
+            .len()
+            + MESSAGE_OVERHEAD_TOKENS)
+    };
+    let costs = before
+        .iter()
+        .map(|m| tokens(&m.content))
+        .collect::<Result<Vec<_>, _>>()?;
+    let sent_cost = sent
+        .iter()
+        .map(|m| tokens(&m.content))
+        .sum::<Result<usize, _>>()?;
+    let window = model.context_length.min(model.kv_capacity_tokens);
+    // The generation prompt after the last message costs about one more message.
+    let mut total = costs.iter().sum::<usize>() + sent_cost + MESSAGE_OVERHEAD_TOKENS + room;
+    let opening = before.iter().take_while(|m| m.role == "system").count();
+    let mut cut = opening;
+    while total > window && cut < before.len() {
+        let end = cut
+            + 1
+            + before[cut + 1..]
+                .iter()
+                .take_while(|m| m.role != "user")
+                .count();
+        total -= costs[cut..end].iter().sum::<usize>();
+        cut = end;
+    }
+    before.drain(opening..cut);
+    Ok(())
 }
 
 /// The stored entries as messages: the opening's, then every turn's.
@@ -367,6 +414,7 @@ mod tests {
 
     use super::*;
     use crate::state::MemoryStore;
+    use crate::test_support::model_info;
 
     fn request(body: serde_json::Value) -> ChatCompletionRequest {
         serde_json::from_value(body).unwrap()
@@ -390,6 +438,13 @@ mod tests {
         ChatMessage::new("system", text)
     }
 
+    /// The served model, its window the model's context.
+    fn model() -> &'static ModelInfo {
+        static MODEL: std::sync::LazyLock<ModelInfo> =
+            std::sync::LazyLock::new(|| model_info(usize::MAX));
+        &MODEL
+    }
+
     fn sessions() -> Sessions {
         Sessions::new(&ServeConfig::default(), Arc::new(MemoryStore::new()))
     }
@@ -399,23 +454,72 @@ mod tests {
     }
 
     #[test]
-    fn the_header_names_the_session_else_user() {
-        let both = request(json!({"messages": [], "user": "u-1"}));
-        let id = SessionId::of(&headers("s-1"), &both).unwrap().unwrap();
-        assert_eq!((id.id.as_str(), id.param), ("s-1", SESSION_HEADER));
-        let id = SessionId::of(&HeaderMap::new(), &both).unwrap().unwrap();
-        assert_eq!((id.id.as_str(), id.param), ("u-1", "user"));
-        let neither = request(json!({"messages": []}));
-        assert_eq!(SessionId::of(&HeaderMap::new(), &neither).unwrap(), None);
-        let long = request(json!({"messages": [], "user": "u".repeat(MAX_ID_BYTES + 1)}));
-        assert_eq!(
-            param(SessionId::of(&HeaderMap::new(), &long).unwrap_err()),
-            "user"
-        );
-        assert_eq!(
-            param(SessionId::of(&headers(""), &neither).unwrap_err()),
-            SESSION_HEADER
-        );
+    fn only_the_header_names_a_session() {
+        assert_eq!(SessionId::of(&headers("s-1")).unwrap().as_deref(), Some("s-1"));
+        assert_eq!(SessionId::of(&HeaderMap::new()).unwrap(), None);
+        assert_eq!(param(SessionId::of(&headers("")).unwrap_err()), SESSION_HEADER);
+        let long = "s".repeat(MAX_ID_BYTES + 1);
+        assert_eq!(param(SessionId::of(&headers(&long)).unwrap_err()), SESSION_HEADER);
+    }
+
+    #[tokio::test]
+    async fn the_user_field_opens_no_session() {
+        let sessions = sessions();
+        let by_user = || request(json!({"messages": [{"role": "user", "content": "Hi"}], "user": "u"}));
+        let turn = sessions
+            .open(Caller::Anonymous, &HeaderMap::new(), model(), &mut by_user())
+            .await
+            .unwrap();
+        assert!(turn.0.is_none());
+        // Had it opened one, this commit would show in the next request.
+        let _ = turn.commit("Hello.").await;
+        let mut next = by_user();
+        let _ = sessions
+            .open(Caller::Anonymous, &HeaderMap::new(), model(), &mut next)
+            .await
+            .unwrap();
+        assert_eq!(next.messages.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_long_history_is_trimmed_to_fit_keeping_the_opening_and_the_newest_turns() {
+        let sessions = sessions();
+        let model = model();
+        let window = model.context_length.min(model.kv_capacity_tokens);
+        // Each turn is about a fifth of the window: ten of them cannot all fit.
+        let long = "word ".repeat(window / 5);
+        let mut first = request(json!({"messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": format!("0 {long}")}
+        ]}));
+        let turn = sessions
+            .open(Caller::Anonymous, &headers("s"), model, &mut first)
+            .await
+            .unwrap();
+        turn.commit("ok").await.unwrap();
+        for i in 1..10 {
+            let mut body = request(json!({"messages": [{"role": "user", "content": format!("{i} {long}")}]}));
+            let turn = sessions
+                .open(Caller::Anonymous, &headers("s"), model, &mut body)
+                .await
+                .unwrap();
+            turn.commit("ok").await.unwrap();
+        }
+        let mut last = request(json!({"messages": [{"role": "user", "content": "Which numbers?"}],
+            "max_tokens": 100}));
+        let _ = sessions
+            .open(Caller::Anonymous, &headers("s"), model, &mut last)
+            .await
+            .unwrap();
+        let sent = validate::messages(last.messages).unwrap();
+        assert_eq!(sent[0], system("Be brief."), "the opening stays");
+        assert_eq!(sent.last().unwrap(), &user("Which numbers?"));
+        assert_eq!(sent[1].role, "user", "whole turns go");
+        assert!(sent[sent.len() - 3].content.starts_with("9 "), "the newest turns stay");
+        assert!(sent.len() < 2 + 2 * 10, "old turns went: {}", sent.len());
+        let prompt = model.render_chat(&sent).unwrap();
+        let tokens = model.tokenizer.encode(prompt, false).unwrap().len();
+        assert!(tokens + 100 <= window, "{tokens} tokens leave no room in {window}");
     }
 
     #[test]
@@ -456,7 +560,7 @@ mod tests {
             {"role": "user", "content": "I am Ada."}
         ]}));
         let turn = sessions
-            .open(Caller::Anonymous, &headers("s"), &mut first)
+            .open(Caller::Anonymous, &headers("s"), model(), &mut first)
             .await
             .unwrap();
         assert_eq!(first.messages.len(), 2, "nothing stored yet");
@@ -464,7 +568,7 @@ mod tests {
 
         let mut second = body("Who am I?");
         let turn = sessions
-            .open(Caller::Anonymous, &headers("s"), &mut second)
+            .open(Caller::Anonymous, &headers("s"), model(), &mut second)
             .await
             .unwrap();
         let sent = validate::messages(second.messages).unwrap();
@@ -481,14 +585,14 @@ mod tests {
         drop(turn);
         let mut again = body("Who am I?");
         let _ = sessions
-            .open(Caller::Anonymous, &headers("s"), &mut again)
+            .open(Caller::Anonymous, &headers("s"), model(), &mut again)
             .await
             .unwrap();
         assert_eq!(again.messages.len(), 4);
 
         let mut other = body("Who am I?");
         let _ = sessions
-            .open(Caller::Anonymous, &headers("t"), &mut other)
+            .open(Caller::Anonymous, &headers("t"), model(), &mut other)
             .await
             .unwrap();
         assert_eq!(other.messages.len(), 1, "another id is another session");
@@ -499,7 +603,7 @@ mod tests {
         let sessions = sessions();
         let mut many = request(json!({"messages": [{"role": "user", "content": "Hi"}], "n": 2}));
         let error = sessions
-            .open(Caller::Anonymous, &headers("s"), &mut many)
+            .open(Caller::Anonymous, &headers("s"), model(), &mut many)
             .await
             .err()
             .unwrap();
@@ -512,18 +616,8 @@ mod tests {
             },
             Arc::new(MemoryStore::new()),
         );
-        let mut by_user =
-            request(json!({"messages": [{"role": "user", "content": "Hi"}], "user": "u"}));
-        let turn = off
-            .open(Caller::Anonymous, &HeaderMap::new(), &mut by_user)
-            .await
-            .unwrap();
-        assert!(
-            turn.0.is_none(),
-            "`user` alone is ignored when sessions are off"
-        );
         let error = off
-            .open(Caller::Anonymous, &headers("s"), &mut by_user)
+            .open(Caller::Anonymous, &headers("s"), model(), &mut many)
             .await
             .err()
             .unwrap();
@@ -559,7 +653,7 @@ mod tests {
     async fn ask(sessions: &Sessions) -> (Turn, ChatCompletionRequest) {
         let mut body = request(json!({"messages": [{"role": "user", "content": "Q?"}]}));
         let turn = sessions
-            .open(Caller::Anonymous, &headers("s"), &mut body)
+            .open(Caller::Anonymous, &headers("s"), model(), &mut body)
             .await
             .unwrap();
         (turn, body)

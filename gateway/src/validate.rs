@@ -284,17 +284,28 @@ fn sampling(request: &GenerationOptions) -> Result<SamplingParams, ApiError> {
         }
     };
     Ok(SamplingParams {
-        temperature: temperature.map_or(defaults.temperature, |v| v as f32),
+        temperature: temperature.map_or(defaults.temperature, narrow),
         top_k,
-        top_p: top_p.map_or(defaults.top_p, |v| v as f32),
-        min_p: min_p.map_or(defaults.min_p, |v| v as f32),
-        repetition_penalty: repetition_penalty.map_or(defaults.repetition_penalty, |v| v as f32),
-        presence_penalty: presence_penalty.map_or(defaults.presence_penalty, |v| v as f32),
-        frequency_penalty: frequency_penalty.map_or(defaults.frequency_penalty, |v| v as f32),
+        top_p: top_p.map_or(defaults.top_p, narrow_positive),
+        min_p: min_p.map_or(defaults.min_p, narrow),
+        repetition_penalty: repetition_penalty.map_or(defaults.repetition_penalty, narrow_positive),
+        presence_penalty: presence_penalty.map_or(defaults.presence_penalty, narrow),
+        frequency_penalty: frequency_penalty.map_or(defaults.frequency_penalty, narrow),
         // OpenAI's seed is a signed 64-bit integer; any fixed mapping to the engine's u64 keeps
         // "same seed, same output".
         seed: request.seed.map(|s| s as u64),
     })
+}
+
+/// A valid finite `f64` as the engine's `f32`, saturating instead of overflowing to infinity.
+fn narrow(v: f64) -> f32 {
+    (v as f32).clamp(-f32::MAX, f32::MAX)
+}
+
+/// [`narrow`] for a parameter that must stay above 0: a value too small for `f32` (1e-50)
+/// becomes the smallest normal one rather than 0.
+fn narrow_positive(v: f64) -> f32 {
+    narrow(v).max(f32::MIN_POSITIVE)
 }
 
 /// `Ok(value)` when `value` is absent or satisfies `ok`; else a 400 naming `param`.
@@ -726,6 +737,20 @@ mod tests {
             (json!({"n": 0}), "n"),
         ] {
             assert_eq!(rejected_param(extra), param);
+        }
+    }
+
+    #[test]
+    fn edge_values_that_pass_reach_the_engine_as_values_it_accepts() {
+        for extra in [
+            json!({"temperature": 1e-40, "top_p": 1e-50, "repetition_penalty": 1e-300}),
+            json!({"repetition_penalty": 1e308, "min_p": 1e-40, "presence_penalty": -1e-40}),
+            json!({"temperature": 2, "top_p": 1, "frequency_penalty": 2, "top_k": 1_000_000_000}),
+        ] {
+            let valid = validate(request(extra.clone())).unwrap();
+            let sampling = valid.generate.sampling;
+            assert_eq!(sampling.validate(), Ok(()), "{extra}");
+            assert!(sampling.top_p > 0.0 && sampling.repetition_penalty > 0.0, "{extra}");
         }
     }
 

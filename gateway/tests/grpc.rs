@@ -251,6 +251,32 @@ async fn calls_need_a_key_when_keys_are_configured() {
 }
 
 #[tokio::test]
+async fn calls_pass_the_same_admission_as_http_requests() {
+    let _engine = generating().await;
+    let config = gateway::ServeConfig {
+        rpm: 2,
+        tpm: 100_000,
+        ..gateway::ServeConfig::default()
+    };
+    let state = AppState::configured(engine().clone(), &config);
+    let mut client = client_of(state.clone()).await;
+    assert!(client.chat(question()).await.is_ok());
+    // The HTTP request takes the second of the minute's two requests: one bucket for both APIs.
+    let body = json!({"model": MODEL_ID, "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 1});
+    let request = Request::post("/v1/chat/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    assert_eq!(app(state).oneshot(request).await.unwrap().status(), StatusCode::OK);
+    let status = client.chat(question()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("requests per minute"), "{status:?}");
+    let status = client.chat_stream(question()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+}
+
+#[tokio::test]
 async fn messages_over_the_body_limit_are_refused() {
     let _engine = generating().await;
     let mut client = client_of(AppState::new(engine().clone(), 1024)).await;

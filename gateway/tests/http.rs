@@ -311,6 +311,55 @@ async fn a_client_that_gives_up_on_a_whole_answer_frees_the_engine() {
 }
 
 #[tokio::test]
+async fn edge_sampling_values_answer_and_leave_the_engine_serving() {
+    let _engine = generating().await;
+    // Each passes validation; 1e-40 once turned every weight into NaN and killed the engine.
+    for extra in [
+        json!({"temperature": 1e-40, "max_tokens": 4}),
+        json!({"temperature": 1e-40, "top_p": 1e-40, "min_p": 1e-40, "max_tokens": 4}),
+        json!({"temperature": 2, "repetition_penalty": 1e-300, "presence_penalty": -2, "max_tokens": 4}),
+        json!({"temperature": 1, "repetition_penalty": 1e308, "frequency_penalty": 2, "max_tokens": 4}),
+    ] {
+        let (status, _, body) = call(state(), post(chat(extra.clone()).to_string())).await;
+        assert_eq!(status, StatusCode::OK, "{extra}: {body}");
+        assert_eq!(body["choices"][0]["finish_reason"], "length", "{extra}");
+    }
+    assert!(engine().is_running());
+    let request = Request::get("/health").body(Body::empty()).unwrap();
+    assert_eq!(call(state(), request).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_is_a_408_and_the_server_stays_fast() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config = gateway::ServeConfig {
+        body_read_timeout_secs: 0.5,
+        ..gateway::ServeConfig::default()
+    };
+    let addr = support::serve(AppState::configured(engine().clone(), &config)).await;
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let started = std::time::Instant::now();
+    slow.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 1000\r\n\r\n{\"model\": ",
+    )
+    .await
+    .unwrap();
+    // Meanwhile the server answers others at once.
+    let health = reqwest::get(format!("http://{addr}/health")).await.unwrap();
+    assert_eq!(health.status(), 200);
+    let mut answer = vec![0; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), slow.read(&mut answer))
+        .await
+        .expect("the server answers a stalled body")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test]
 async fn health_is_ok() {
     let request = Request::get("/health").body(Body::empty()).unwrap();
     let (status, headers, body) = call(state(), request).await;

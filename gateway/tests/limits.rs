@@ -26,29 +26,35 @@ const MODEL_ID: &str = "SmolLM2-135M-Instruct.Q4_1";
 const KEY: &str = "sk-test-alpha";
 const OTHER_KEY: &str = "sk-test-beta";
 
+fn engine_config() -> EngineConfig {
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../models")
+        .join(format!("{MODEL_ID}.gguf"));
+    assert!(
+        model.is_file(),
+        "{} is missing: run `make models`",
+        model.display()
+    );
+    EngineConfig {
+        model,
+        kv_cache_mb: 64,
+        ..EngineConfig::default()
+    }
+}
+
 fn engine() -> &'static EngineHandle {
-    static ENGINE: LazyLock<EngineHandle> = LazyLock::new(|| {
-        let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../models")
-            .join(format!("{MODEL_ID}.gguf"));
-        assert!(
-            model.is_file(),
-            "{} is missing: run `make models`",
-            model.display()
-        );
-        EngineHandle::start(&EngineConfig {
-            model,
-            kv_cache_mb: 64,
-            ..EngineConfig::default()
-        })
-        .expect("the engine starts")
-    });
+    static ENGINE: LazyLock<EngineHandle> =
+        LazyLock::new(|| EngineHandle::start(&engine_config()).expect("the engine starts"));
     &ENGINE
 }
 
 fn state(config: ServeConfig) -> AppState {
+    state_on(engine().clone(), config)
+}
+
+fn state_on(engine: EngineHandle, config: ServeConfig) -> AppState {
     config.validate().expect("a valid test config");
-    AppState::configured(engine().clone(), &config)
+    AppState::configured(engine, &config)
 }
 
 fn with_keys() -> ServeConfig {
@@ -163,17 +169,17 @@ async fn keys_are_required_except_on_probes_and_public_metrics() {
 
     let (status, _, body) = call(&state, get("/health", None)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let (status, _, _) = call(&state, get("/metrics", None)).await;
-    assert_eq!(status, StatusCode::OK, "metrics are public by default");
-    let private = self::state(ServeConfig {
-        metrics_public: false,
+    let (status, _, body) = call(&state, get("/metrics", None)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "metrics take a key by default");
+    assert_envelope(&body, "invalid_request_error", "invalid_api_key");
+    let (status, _, _) = call(&state, get("/metrics", Some(KEY))).await;
+    assert_eq!(status, StatusCode::OK);
+    let public = self::state(ServeConfig {
+        metrics_public: true,
         ..with_keys()
     });
-    let (status, _, body) = call(&private, get("/metrics", None)).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert_envelope(&body, "invalid_request_error", "invalid_api_key");
-    let (status, _, _) = call(&private, get("/metrics", Some(KEY))).await;
-    assert_eq!(status, StatusCode::OK);
+    let (status, _, _) = call(&public, get("/metrics", None)).await;
+    assert_eq!(status, StatusCode::OK, "unless they are opened");
 
     let _engine = generating().await;
     let (status, _, body) = call(&state, post("/v1/chat/completions", Some(KEY), &chat)).await;
@@ -353,6 +359,44 @@ async fn a_burst_beyond_the_queue_is_shed_with_503_and_the_rest_complete() {
         .unwrap();
     assert_eq!(response.status(), 200);
     wait_until_idle().await;
+}
+
+#[tokio::test]
+async fn requests_are_admitted_by_their_sequences_so_the_engine_takes_each() {
+    let _engine = generating().await;
+    // An engine that takes 4 sequences, and a gateway admitting 4 at once, `n` counted.
+    let engine_config = EngineConfig {
+        max_queued: 4,
+        ..engine_config()
+    };
+    let config = ServeConfig {
+        max_concurrent_requests: 4,
+        engine: engine_config.clone(),
+        ..ServeConfig::default()
+    };
+    let state = state_on(EngineHandle::start(&engine_config).unwrap(), config);
+    let addr = support::serve(state.clone()).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/v1/chat/completions");
+    let with_n = |n: u32| {
+        let mut body = chat(4, false);
+        body["n"] = json!(n);
+        body["temperature"] = json!(0.7);
+        client.post(&url).json(&body).send()
+    };
+    // Nine sequences at once through four seats: they queue, and the engine refuses none.
+    let answers = futures::future::join_all([with_n(4), with_n(1), with_n(4)]).await;
+    for (answer, n) in answers.into_iter().zip([4, 1, 4]) {
+        let answer = answer.unwrap();
+        assert_eq!(answer.status(), 200);
+        let body: Value = answer.json().await.unwrap();
+        assert_eq!(body["choices"].as_array().unwrap().len(), n, "{body}");
+    }
+    // More sequences than the server ever admits at once can never run.
+    let answer = with_n(5).await.unwrap();
+    assert_eq!(answer.status(), 400);
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
 }
 
 #[tokio::test]

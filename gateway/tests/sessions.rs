@@ -154,7 +154,10 @@ async fn send(addr: SocketAddr, caller: Caller<'_>, body: &Value) -> (u16, Optio
 
 /// The device tier's prefix-cache hits so far, in tokens.
 async fn prefix_hits(addr: SocketAddr) -> f64 {
-    let text = reqwest::get(format!("http://{addr}/metrics"))
+    let text = reqwest::Client::new()
+        .get(format!("http://{addr}/metrics"))
+        .bearer_auth(KEY)
+        .send()
         .await
         .unwrap()
         .text()
@@ -249,14 +252,21 @@ async fn replicas_sharing_redis_continue_each_other_s_conversations() {
         key: Some(KEY),
         ..Caller::session(&id)
     };
-    // On replica B the session is named by `user`.
+    let turns = converse([(a, by_header), (b, by_header), (a, by_header)]).await;
+    assert_eq!(turns[1].echoed.as_deref(), Some(id.as_str()));
+
+    // OpenAI's `user` names an end user, not a conversation: it opens no session.
     let by_user = Caller {
         user: Some(&id),
         key: Some(KEY),
         header: None,
     };
-    let turns = converse([(a, by_header), (b, by_user), (a, by_header)]).await;
-    assert_eq!(turns[1].echoed.as_deref(), Some(id.as_str()));
+    let alone = say(b, by_user, QUESTION, false).await;
+    assert_eq!(alone.echoed, None);
+    assert!(
+        alone.tokens("prompt_tokens") < turns[0].tokens("prompt_tokens") + 5,
+        "`user` does not read the session: {alone:?}"
+    );
 
     // Another key naming the same session starts its own.
     let other = Caller {

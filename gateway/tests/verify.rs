@@ -144,18 +144,19 @@ async fn bad_requests_get_the_error_envelope() {
 async fn the_judge_scores_from_log_probabilities_deterministically() {
     let state = state();
     let verifier = state.verifier();
+    let engine = support::engine();
     let right = verifier
-        .judge(QUESTION, "The capital of France is Paris.")
+        .judge(engine, QUESTION, "The capital of France is Paris.")
         .await
         .unwrap()
         .score;
     let again = verifier
-        .judge(QUESTION, "The capital of France is Paris.")
+        .judge(engine, QUESTION, "The capital of France is Paris.")
         .await
         .unwrap()
         .score;
     let refused = verifier
-        .judge(QUESTION, "I don't know and I will not tell you.")
+        .judge(engine, QUESTION, "I don't know and I will not tell you.")
         .await
         .unwrap()
         .score;

@@ -23,9 +23,9 @@
 
 mod language;
 
-use std::sync::Arc;
-
-use engine::{ChatMessage, Event, FinishReason, Generate, GenerateRequest, Prompt, SamplingParams};
+use engine::{
+    ChatMessage, Event, FinishReason, Generate, GenerateRequest, ModelInfo, Prompt, SamplingParams,
+};
 
 use crate::agent::VerifierChecks;
 use crate::{Result, RouterError};
@@ -128,10 +128,13 @@ const REFUSAL_WINDOW_CHARS: usize = 160;
 const YES: &[&str] = &["yes", " yes", "Yes", " Yes", "YES"];
 const NO: &[&str] = &["no", " no", "No", " No", "NO"];
 
-/// Checks answers for one swarm: holds the engine that runs the judge and the verifier agent's
-/// prompt.
+/// Checks answers for one swarm: holds the verifier agent's prompt and what the judge reads.
+/// The judge runs on the engine each call names: the caller's own, under the limits of the
+/// request it serves.
 pub struct Verifier {
-    engine: Arc<dyn Generate>,
+    /// The verifier agent's name, which the judge's engine calls run as; `None` for the
+    /// shipped prompt outside any swarm.
+    agent: Option<String>,
     system_prompt: String,
     config: VerifierConfig,
     yes: Vec<u32>,
@@ -139,10 +142,10 @@ pub struct Verifier {
 }
 
 impl Verifier {
-    /// A verifier judging with `system_prompt` (the verifier agent's) on `engine`'s model.
-    pub fn new(engine: Arc<dyn Generate>, system_prompt: String, config: VerifierConfig) -> Self {
+    /// A verifier judging with `system_prompt` (the verifier agent's) on `model`.
+    pub fn new(model: &ModelInfo, system_prompt: String, config: VerifierConfig) -> Self {
         let single_tokens = |words: &[&str]| {
-            let tokenizer = &engine.model().tokenizer;
+            let tokenizer = &model.tokenizer;
             let mut ids: Vec<u32> = words
                 .iter()
                 .filter_map(|w| {
@@ -160,12 +163,23 @@ impl Verifier {
         let yes = single_tokens(YES);
         let no = single_tokens(NO);
         Self {
-            engine,
+            agent: None,
             system_prompt,
             config,
             yes,
             no,
         }
+    }
+
+    /// The same verifier, as the agent `name`.
+    pub fn as_agent(mut self, name: impl Into<String>) -> Self {
+        self.agent = Some(name.into());
+        self
+    }
+
+    /// The verifier agent's name, when it is one.
+    pub fn agent(&self) -> Option<&str> {
+        self.agent.as_deref()
     }
 
     pub fn config(&self) -> &VerifierConfig {
@@ -177,6 +191,7 @@ impl Verifier {
     /// the judge when `checks.judge` asks for it. Stops at the first kind that fails.
     pub async fn verify(
         &self,
+        engine: &dyn Generate,
         candidate: &Candidate<'_>,
         checks: &VerifierChecks,
         similarity: Option<f32>,
@@ -203,7 +218,9 @@ impl Verifier {
                 usage: engine::Usage::default(),
             });
         }
-        let Judgement { score, usage } = self.judge(candidate.question, candidate.answer).await?;
+        let Judgement { score, usage } = self
+            .judge(engine, candidate.question, candidate.answer)
+            .await?;
         if score < self.config.min_judge_score {
             reasons.push(format!(
                 "judge: the verifier agent's score {score:.3} is under {}",
@@ -236,7 +253,12 @@ impl Verifier {
 
     /// The verifier agent's P(yes) / (P(yes) + P(no)) that `answer` answers `question`, read from
     /// one greedy step's log-probabilities, and what that step cost.
-    pub async fn judge(&self, question: &str, answer: &str) -> Result<Judgement> {
+    pub async fn judge(
+        &self,
+        engine: &dyn Generate,
+        question: &str,
+        answer: &str,
+    ) -> Result<Judgement> {
         if self.yes.is_empty() || self.no.is_empty() {
             return Err(RouterError::Judge(
                 "the model's tokenizer has no single token for yes or no".into(),
@@ -256,17 +278,15 @@ impl Verifier {
                 ),
             ),
         ];
-        let prompt = self.engine.render_chat(&messages)?;
+        let prompt = engine.render_chat(&messages)?;
         let mut score_tokens = self.yes.clone();
         score_tokens.extend(&self.no);
-        let mut events = self
-            .engine
+        // The engine gives the judge the priority of the request it serves.
+        let mut events = engine
             .submit(GenerateRequest {
                 sampling: SamplingParams::greedy(),
                 max_tokens: 1,
                 score_tokens,
-                // The judge holds an answer back from a user: it goes before new work.
-                priority: 5,
                 ..GenerateRequest::new(Prompt::Text(prompt))
             })
             .await?;

@@ -70,7 +70,7 @@ pub async fn create(
 ) -> Result<(Echo, Response), ApiError> {
     let turn = state
         .sessions()
-        .open(admission.caller, &headers, &mut request)
+        .open(admission.caller, &headers, state.model(), &mut request)
         .await?;
     let echo = turn.echo();
     if let Some(swarm) = state.swarm() {

@@ -33,6 +33,7 @@ use crate::api::{self, ErrorBody, PromptTokensDetails};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::chat::{finish_reason, LOST_STREAM};
+pub(crate) use crate::limits::Events;
 use crate::limits::Admission;
 use crate::metrics::Metrics;
 
@@ -42,7 +43,6 @@ pub const HEADERS_WAIT: Duration = Duration::from_secs(1);
 /// The gap between keep-alive comments on a stream with nothing to send.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
 
-pub(crate) type Events = Pin<Box<dyn Stream<Item = Result<Event, ApiError>> + Send>>;
 /// One choice's items, `None` once its engine stream ended.
 type Tagged = Pin<Box<dyn Stream<Item = (usize, Option<Result<Event, ApiError>>)> + Send>>;
 
@@ -88,13 +88,15 @@ pub struct Choices {
 
 impl Choices {
     /// Submits `n` answers to each of `prompts` (engine requests and their prompt lengths)
-    /// under `admission`. Fails, cancelling what was already submitted, if any is refused.
+    /// under `admission`, in seats for all of them. Fails, cancelling what was already
+    /// submitted, if any is refused.
     pub async fn submit(
         state: &AppState,
         admission: &Admission,
         prompts: Vec<(usize, GenerateRequest)>,
         n: usize,
     ) -> Result<Self, ApiError> {
+        let seats = admission.reserve(state, prompts.len() * n).await?;
         let mut streams = Vec::with_capacity(prompts.len() * n);
         // The first-token deadline is the request's: the first answer must start in time, the
         // others may wait their turn for memory, within the total deadline.
@@ -109,8 +111,7 @@ impl Choices {
                 } else {
                     &later
                 };
-                let events = admission.submit(state, prompt_tokens, request).await?;
-                streams.push(Box::pin(events) as Events);
+                streams.push(admission.submit(state, &seats, prompt_tokens, request).await?);
             }
         }
         Ok(Self::new(streams, n))

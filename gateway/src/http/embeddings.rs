@@ -1,4 +1,7 @@
-//! `POST /v1/embeddings`: validate, embed on the CPU, answer in OpenAI's shape.
+//! `POST /v1/embeddings`: validate, embed on the CPU, answer in OpenAI's shape. A request is
+//! admitted as a generation is: a seat in the admission queue, its tokens charged to the
+//! caller (every input at the model's longest up front, the unused given back), the total
+//! deadline.
 //!
 //! The embedder is blocking CPU work, so [`Embeddings`] runs it on tokio's blocking threads,
 //! never on a runtime worker, and lets one request compute at a time: the others wait on a
@@ -26,6 +29,7 @@ use crate::api::embeddings::{
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::json::ApiJson;
+use crate::limits::Admission;
 use crate::openapi::GenerationErrors;
 use crate::validate::embeddings::{validate_embeddings, EncodingFormat, ValidEmbeddingRequest};
 use crate::validate::DEFAULT_MODEL_ALIAS;
@@ -104,6 +108,7 @@ impl Embeddings {
     security(("api_key" = [])))]
 pub async fn create(
     State(state): State<AppState>,
+    admission: Admission,
     ApiJson(request): ApiJson<EmbeddingRequest>,
 ) -> Result<Json<CreateEmbeddingResponse>, ApiError> {
     let Some(embeddings) = state.embeddings() else {
@@ -119,7 +124,17 @@ pub async fn create(
         embeddings.model_id(),
         embeddings.embedder.dimensions(),
     )?;
-    let computed = embeddings.embed(inputs).await?;
+    // At most every input at the model's longest: what a full charge can be.
+    let most = (inputs.len() * embeddings.embedder.max_tokens()) as u64;
+    let seats = admission.reserve(&state, 1).await?;
+    let embedded = async {
+        let computed = embeddings.embed(inputs).await?;
+        let used = computed.iter().map(|e| e.tokens as u64).sum();
+        Ok((computed, used))
+    };
+    let computed = admission
+        .run_outside_engine(&state, &seats, most, embedded)
+        .await?;
     Ok(Json(response(model, encoding_format, computed)))
 }
 

@@ -1,7 +1,9 @@
 //! `GET /health` (live) and `GET /ready` (able to serve), for load balancers and orchestrators.
 //!
 //! Both must stay cheap and never touch the engine's queue: a probe that waits behind
-//! generation would mark a busy server dead. `/ready` checks that the models are loaded and the
+//! generation would mark a busy server dead. `/health` fails (503 `engine_unavailable`) only
+//! when this process's own engine has failed: such a server cannot recover by itself (it also
+//! exits, so that its supervisor restarts it). `/ready` checks that the models are loaded and the
 //! engine loop is running, and that the shared state store (Redis, when configured) answers; a
 //! server that is not ready answers 503 with the envelope (`engine_unavailable` or
 //! `state_store_unavailable`).
@@ -14,10 +16,15 @@ use crate::app::AppState;
 use crate::error::ApiError;
 
 /// Whether the server is up.
-#[utoipa::path(get, path = "/health", tag = "probes",
-    responses((status = 200, description = "The server is up.", body = Health)))]
-pub async fn health() -> Json<Health> {
-    Json(Health { status: "ok" })
+#[utoipa::path(get, path = "/health", tag = "probes", responses(
+    (status = 200, description = "The server is up.", body = Health),
+    (status = 503, description = "The server's own engine has failed.", body = ErrorResponse),
+))]
+pub async fn health(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
+    match state.transport().local_engine() {
+        Some(engine) if !engine.is_running() => Err(ApiError::Unavailable),
+        _ => Ok(Json(Health { status: "ok" })),
+    }
 }
 
 /// Whether the server can serve: models loaded, engine running, state store answering.

@@ -4,7 +4,10 @@
 //! (415, 422). This one keeps the envelope: a missing or wrong content type, invalid JSON and a
 //! body of the wrong shape are all 400 `invalid_request_error`, with `param` naming the field
 //! when serde can tell which; a body over the limit (axum's `DefaultBodyLimit`, set in
-//! [`mod@crate::app`]) is 413.
+//! [`mod@crate::app`]) is 413, and one that does not arrive within the [`BodyReadTimeout`]
+//! (also set there) is 408: a client trickling its body cannot hold a handler for longer.
+
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, FailedToBufferBody};
@@ -14,6 +17,10 @@ use serde::de::DeserializeOwned;
 
 use crate::api::GenerationOptions;
 use crate::error::ApiError;
+
+/// How long a request's body may take to arrive, as a request extension.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyReadTimeout(pub Duration);
 
 /// A request body parsed as JSON into `T`.
 #[derive(Debug)]
@@ -32,7 +39,15 @@ where
                 "Expected a request with `Content-Type: application/json`.",
             ));
         }
-        let body = Bytes::from_request(req, state).await.map_err(body_error)?;
+        let timeout = req.extensions().get::<BodyReadTimeout>().copied();
+        let read = Bytes::from_request(req, state);
+        let body = match timeout {
+            Some(BodyReadTimeout(limit)) => tokio::time::timeout(limit, read)
+                .await
+                .map_err(|_| ApiError::BodyTimeout(limit.as_secs_f64()))?,
+            None => read.await,
+        }
+        .map_err(body_error)?;
         parse(&body).map(Self)
     }
 }

@@ -27,7 +27,8 @@ use crate::error::ApiError;
 use crate::http::json::ApiJson;
 use crate::openapi::GenerationErrors;
 use crate::swarm::pins::Pins;
-use crate::transport::{self, IntoTransport};
+use crate::limits::{Admission, AdmittedEngine};
+use crate::transport::IntoTransport;
 use crate::validate::swarm::{validate_route, ValidRouteRequest};
 
 /// The model name that asks the swarm to choose the agent.
@@ -48,6 +49,8 @@ struct Inner {
     /// Absent when the server runs without an embedding model.
     embedding: Option<Arc<EmbeddingRouter>>,
     llm: LlmRouter,
+    /// The router agent's name, which its engine calls run as.
+    router_agent: Option<String>,
     /// Absent when the engines are in other processes, which pin their own agents' prompts.
     pins: Option<Pins>,
     /// The served model's id: what an agent's `model` must name, unless it says `default`.
@@ -78,10 +81,8 @@ impl Swarm {
                     .map(|e| Arc::new(EmbeddingRouter::new(e, margin, DEFAULT_METHOD))),
                 pins: transport.local_engine().cloned().map(Pins::new),
                 model_id: transport.model().id.clone(),
-                llm: LlmRouter::new(
-                    transport::for_agent(transport.clone(), router_agent.as_deref()),
-                    margin,
-                ),
+                llm: LlmRouter::new(margin),
+                router_agent,
             }),
         })
     }
@@ -184,9 +185,16 @@ impl Swarm {
         &self.inner.routing
     }
 
-    /// Routes `text` (a conversation's last user turn) with `strategy`, or the swarm file's.
+    /// The router agent's name, if the swarm has one.
+    pub fn router_agent(&self) -> Option<&str> {
+        self.inner.router_agent.as_deref()
+    }
+
+    /// Routes `text` (a conversation's last user turn) with `strategy`, or the swarm file's;
+    /// the `llm` strategy asks `engine`.
     pub async fn route(
         &self,
+        engine: &AdmittedEngine,
         text: String,
         strategy: Option<RoutingStrategy>,
     ) -> Result<Route, ApiError> {
@@ -205,7 +213,12 @@ impl Swarm {
                     .map_err(|e| ApiError::Internal(format!("routing task: {e}")))??;
                 Ok(route)
             }
-            RoutingStrategy::Llm => Ok(self.inner.llm.route(&registry, &text).await?),
+            RoutingStrategy::Llm => self
+                .inner
+                .llm
+                .route(engine, &registry, &text)
+                .await
+                .map_err(|e| engine.explain(e)),
         }
     }
 }
@@ -232,13 +245,16 @@ pub fn system_prefix(model: &ModelInfo, agent: &AgentSpec) -> Option<engine::Res
     security(("api_key" = [])))]
 pub async fn route(
     State(state): State<AppState>,
+    admission: Admission,
     ApiJson(request): ApiJson<RouteRequest>,
 ) -> Result<Json<RouteResponse>, ApiError> {
     let Some(swarm) = state.swarm() else {
         return Err(ApiError::ModelNotFound(SWARM_MODEL.into()));
     };
     let ValidRouteRequest { text, strategy } = validate_route(request)?;
-    let route = swarm.route(text, strategy).await?;
+    let seats = admission.reserve(&state, 1).await?;
+    let engine = admission.engine(&state, &seats, swarm.router_agent());
+    let route = swarm.route(&engine, text, strategy).await?;
     Ok(Json(route_response(route)))
 }
 

@@ -5,7 +5,8 @@
 //! sentences; a JSON answer is also read as its keys and values. The embeddings for it go through [`Embeddings::embed`], so they take their
 //! turn with `/v1/embeddings` requests instead of blocking a runtime thread; without an
 //! embedding model the relevance check is skipped, not failed. The deterministic checks run
-//! first and a failure skips the embedding and the judge.
+//! first and a failure skips the embedding and the judge. The request takes one seat in the
+//! admission queue, and the judge runs in it, charged to the caller ([`Admission::engine`]).
 
 use axum::extract::State;
 use axum::Json;
@@ -16,6 +17,7 @@ use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::embeddings::Embeddings;
 use crate::http::json::ApiJson;
+use crate::limits::Admission;
 use crate::openapi::GenerationErrors;
 use crate::validate::verify::{validate_verify, ValidVerifyRequest};
 
@@ -31,6 +33,7 @@ use crate::validate::verify::{validate_verify, ValidVerifyRequest};
     security(("api_key" = [])))]
 pub async fn verify(
     State(state): State<AppState>,
+    admission: Admission,
     ApiJson(request): ApiJson<VerifyRequest>,
 ) -> Result<Json<VerifyResponse>, ApiError> {
     let ValidVerifyRequest {
@@ -45,13 +48,18 @@ pub async fn verify(
         finish_reason,
     };
     let verifier = state.verifier();
+    let seats = admission.reserve(&state, 1).await?;
+    let engine = admission.engine(&state, &seats, verifier.agent());
     let relevance = match state.embeddings() {
         Some(embeddings) if wants_relevance(verifier.check(&candidate, &checks), &checks) => {
             Some(similarity(embeddings, &question, &answer).await?.0)
         }
         _ => None,
     };
-    let verdict = verifier.verify(&candidate, &checks, relevance).await?;
+    let verdict = verifier
+        .verify(&engine, &candidate, &checks, relevance)
+        .await
+        .map_err(|e| engine.explain(e))?;
     Ok(Json(VerifyResponse {
         verdict: if verdict.passed { "passed" } else { "failed" },
         score: verdict.score,

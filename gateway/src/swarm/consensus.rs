@@ -111,6 +111,11 @@ impl Consensus {
         }))
     }
 
+    /// How many samples run side by side.
+    pub fn width(&self) -> usize {
+        self.n
+    }
+
     /// Runs the samples together and keeps one; `routed` is the agent the request went to.
     pub async fn run(
         self,

@@ -42,7 +42,7 @@ use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::choices::{Choices, Collected, Events};
 use crate::http::swarm::{route_response, Swarm, AUTO_MODEL, SWARM_MODEL};
-use crate::limits::Admission;
+use crate::limits::{Admission, AdmittedEngine, Seats};
 use crate::session::Turn;
 use crate::validate::structured;
 use crate::validate::swarm::validate_route;
@@ -74,17 +74,25 @@ pub async fn create(
         strategy: None,
     })?
     .text;
-    let mut run = Run::new(state, admission, question);
+    // Every hop runs in these seats: the samples side by side, the router and the verifier
+    // one at a time between them.
+    let seats = admission
+        .reserve(&state, consensus.as_ref().map_or(1, Consensus::width))
+        .await?;
+    let mut run = Run::new(state, admission, seats, question);
     let registry = swarm.registry().snapshot();
     let (agent, route) = match request.model.as_deref() {
         Some(SWARM_MODEL | AUTO_MODEL) => {
-            let route = swarm.route(run.question.clone(), None).await?;
+            let engine = run.engine(swarm.router_agent());
+            let route = swarm.route(&engine, run.question.clone(), None).await?;
             run.hop("route", "router", 0, route.usage);
             let agent = answering(&registry, route.agent.as_str())?;
             (agent, Some(route_response(route)))
         }
         name => (answering(&registry, name.unwrap_or_default())?, None),
     };
+    // The answering agent's priority is the request's, for every hop from here on.
+    run.prioritize(agent.priority);
     run.state.metrics().agent_request(agent.name.as_str());
     let report = SwarmReport {
         agent: agent.name.to_string(),
@@ -178,6 +186,8 @@ pub(crate) struct Run {
     /// The limits of every hop after the first: the first-token deadline was the request's,
     /// and these start after it, so only the total deadline binds them.
     later: Admission,
+    /// The request's seats in the admission queue, which every hop runs in.
+    seats: Seats,
     submitted: bool,
     /// The conversation's last user turn: what answers are checked against.
     pub question: String,
@@ -185,17 +195,35 @@ pub(crate) struct Run {
 }
 
 impl Run {
-    fn new(state: AppState, admission: Admission, question: String) -> Self {
+    fn new(state: AppState, admission: Admission, seats: Seats, question: String) -> Self {
         let mut later = admission;
         later.deadlines.first_token = later.deadlines.total;
         Self {
             state,
             admission,
             later,
+            seats,
             submitted: false,
             question,
             hops: Vec::new(),
         }
+    }
+
+    /// Runs every later hop at `priority`.
+    fn prioritize(&mut self, priority: i32) {
+        self.admission.priority = priority;
+        self.later.priority = priority;
+    }
+
+    /// The engine for the internal agent `agent` (the router, the verifier) serving this
+    /// request: see [`Admission::engine`].
+    pub fn engine(&self, agent: Option<&str>) -> AdmittedEngine {
+        let admission = if self.submitted {
+            &self.later
+        } else {
+            &self.admission
+        };
+        admission.engine(&self.state, &self.seats, agent)
     }
 
     /// Lists a hop and its tokens.
@@ -295,6 +323,7 @@ impl Run {
         let submitted = admission
             .submit_as(
                 &self.state,
+                &self.seats,
                 valid.prompt_tokens,
                 valid.generate.clone(),
                 Some(name),
@@ -373,6 +402,7 @@ impl Run {
                 .then_some(FinishReason::Length),
         };
         let verifier = self.state.verifier();
+        let engine = self.engine(verifier.agent());
         let mut embedded = 0;
         let relevance = match self.state.embeddings() {
             Some(embeddings)
@@ -388,9 +418,9 @@ impl Run {
             _ => None,
         };
         let verdict = verifier
-            .verify(&candidate, checks, relevance)
+            .verify(&engine, &candidate, checks, relevance)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| engine.explain(e).to_string())?;
         let mut usage = verdict.usage;
         usage.prompt_tokens += embedded;
         let agent = "verifier";

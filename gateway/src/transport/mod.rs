@@ -17,7 +17,7 @@ pub mod registry;
 
 use std::sync::Arc;
 
-use engine::{EngineHandle, EventStream, Generate, GenerateRequest, ModelInfo};
+use engine::{EngineHandle, EventStream, GenerateRequest, ModelInfo};
 use futures::future::BoxFuture;
 
 pub use local::Local;
@@ -63,29 +63,5 @@ impl IntoTransport for Arc<dyn Transport> {
 impl IntoTransport for EngineHandle {
     fn into_transport(self) -> Arc<dyn Transport> {
         Arc::new(Local::new(self))
-    }
-}
-
-/// `transport` as a [`Generate`] that runs every request for `agent`: what the router and the
-/// verifier take.
-pub fn for_agent(transport: Arc<dyn Transport>, agent: Option<&str>) -> Arc<dyn Generate> {
-    Arc::new(AgentEngine {
-        transport,
-        agent: agent.map(str::to_owned),
-    })
-}
-
-struct AgentEngine {
-    transport: Arc<dyn Transport>,
-    agent: Option<String>,
-}
-
-impl Generate for AgentEngine {
-    fn model(&self) -> &ModelInfo {
-        self.transport.model()
-    }
-
-    fn submit(&self, request: GenerateRequest) -> BoxFuture<'_, engine::Result<EventStream>> {
-        self.transport.submit(self.agent.as_deref(), request)
     }
 }

@@ -26,7 +26,8 @@ use engine::{
 };
 use futures::future::BoxFuture;
 use futures::StreamExt as _;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::Sender;
 
 use super::protocol::{self, Batch, Cancel, Reply, Subjects, Submit, VERSION};
 use super::registry::{self, Lease, Workers};
@@ -189,7 +190,7 @@ impl Transport for Nats {
                 queue_tried: false,
             };
             let (job, handover) = job.hand_over().await?;
-            let (events, rx) = unbounded_channel();
+            let (events, rx) = engine::event_channel();
             let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
             tokio::spawn(job.relay(handover, events, prompt_tokens));
             Ok(EventStream::new(RequestId(id), prompt_tokens, rx))
@@ -363,7 +364,7 @@ impl Job {
     async fn relay(
         mut self,
         mut handover: Handover,
-        events: UnboundedSender<Event>,
+        events: Sender<Event>,
         prompt_tokens: usize,
     ) {
         let timeout = self.shared.settings.stream_timeout;
@@ -389,7 +390,12 @@ impl Job {
                                 generated += tokens.len();
                             }
                             delivered = true;
-                            if events.send(event).is_err() {
+                            // A caller that stopped reading (its buffer is full) is treated
+                            // as gone: the relay never waits on it.
+                            if let Err(e) = events.try_send(event) {
+                                if let TrySendError::Full(_) = e {
+                                    tracing::warn!(id = handover.id, "the caller stopped reading");
+                                }
                                 self.cancel(&handover).await;
                                 return;
                             }
@@ -413,7 +419,7 @@ impl Job {
             let worker = handover.worker.clone();
             if delivered {
                 // Part of the answer is out: it cannot start over elsewhere.
-                let _ = events.send(failed(
+                let _ = events.try_send(failed(
                     format!("worker {worker} failed mid-answer: {failure}"),
                     prompt_tokens,
                     generated,
@@ -430,7 +436,7 @@ impl Job {
                     seq = 0;
                 }
                 Err(e) => {
-                    let _ = events.send(failed(
+                    let _ = events.try_send(failed(
                         format!("worker {worker} failed ({failure}) and {e}"),
                         prompt_tokens,
                         0,

@@ -13,17 +13,16 @@
 //! so the engine's prefix cache serves it after the first) and one decode step.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use engine::{ChatMessage, Event, Generate, GenerateRequest, Prompt, SamplingParams};
 
 use super::{answering_agents, decide, Route};
 use crate::{AgentId, AgentKind, Registry, Result, RouterError, RoutingStrategy};
 
-/// Routes by asking the generative model; see the module header. Cloning shares the engine.
+/// Routes by asking the generative model; see the module header. The prefill runs on the
+/// engine each call names: the caller's own, under the limits of the request it serves.
 #[derive(Clone)]
 pub struct LlmRouter {
-    engine: Arc<dyn Generate>,
     margin: f32,
 }
 
@@ -34,14 +33,20 @@ struct Label {
 }
 
 impl LlmRouter {
-    pub fn new(engine: Arc<dyn Generate>, margin: f32) -> Self {
-        Self { engine, margin }
+    pub fn new(margin: f32) -> Self {
+        Self { margin }
     }
 
-    /// Routes `text` (a request's last user turn) among `registry`'s answering agents.
-    pub async fn route(&self, registry: &Registry, text: &str) -> Result<Route> {
-        let (request, labels) = self.request(registry, text)?;
-        let mut stream = self.engine.submit(request).await?;
+    /// Routes `text` (a request's last user turn) among `registry`'s answering agents, asking
+    /// `engine`.
+    pub async fn route(
+        &self,
+        engine: &dyn Generate,
+        registry: &Registry,
+        text: &str,
+    ) -> Result<Route> {
+        let (request, labels) = request(engine, registry, text)?;
+        let mut stream = engine.submit(request).await?;
         let mut scored = None;
         let mut usage = engine::Usage::default();
         while let Some(event) = stream.next().await {
@@ -76,9 +81,15 @@ impl LlmRouter {
         })
     }
 
-    /// The one-token, greedy, scoring request for `text`, and the labels it scores.
-    fn request(&self, registry: &Registry, text: &str) -> Result<(GenerateRequest, Vec<Label>)> {
-        let tokenizer = &self.engine.model().tokenizer;
+}
+
+/// The one-token, greedy, scoring request for `text`, and the labels it scores.
+fn request(
+    engine: &dyn Generate,
+    registry: &Registry,
+    text: &str,
+) -> Result<(GenerateRequest, Vec<Label>)> {
+        let tokenizer = &engine.model().tokenizer;
         let labels = answering_agents(registry)
             .map(|spec| {
                 let encoding = tokenizer
@@ -97,19 +108,14 @@ impl LlmRouter {
             ChatMessage::new("system", system_prompt(registry)),
             ChatMessage::new("user", text),
         ];
-        let mut request = GenerateRequest::new(Prompt::Text(self.engine.render_chat(&messages)?));
+        let mut request = GenerateRequest::new(Prompt::Text(engine.render_chat(&messages)?));
         request.max_tokens = 1;
         request.sampling = SamplingParams {
             temperature: 0.0,
             ..SamplingParams::default()
         };
         request.score_tokens = labels.iter().map(|l| l.token).collect();
-        request.priority = registry
-            .list(AgentKind::Router)
-            .next()
-            .map_or(0, |r| r.priority);
         Ok((request, labels))
-    }
 }
 
 /// The router agent's prompt when it offers every answering agent, else one listing them.
@@ -228,12 +234,16 @@ mod tests {
         })
         .expect("run `make models` first");
         let registry = default_registry();
-        let router = LlmRouter::new(Arc::new(engine), 0.05);
+        let router = LlmRouter::new(0.05);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
         let route = runtime
-            .block_on(router.route(&registry, "Write a Python function that reverses a list."))
+            .block_on(router.route(
+                &engine,
+                &registry,
+                "Write a Python function that reverses a list.",
+            ))
             .unwrap();
         assert_eq!(route.strategy, RoutingStrategy::Llm);
         let names: Vec<_> = route.scores.keys().map(AgentId::as_str).collect();

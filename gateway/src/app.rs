@@ -32,6 +32,7 @@ use crate::openapi;
 use crate::session::Sessions;
 use crate::state;
 use crate::transport::{self, IntoTransport, Transport};
+use crate::validate::agent::AgentLimits;
 use crate::validate::structured::StructuredLimits;
 
 /// What every handler shares. Cloning is a few reference-count increments.
@@ -52,6 +53,7 @@ struct Inner {
     started: u64,
     max_body_bytes: usize,
     structured: StructuredLimits,
+    agent_limits: AgentLimits,
     auth: Auth,
     limits: Limits,
     sessions: Sessions,
@@ -88,6 +90,7 @@ impl AppState {
                 started: http::chat::unix_now(),
                 max_body_bytes: config.max_body_bytes,
                 structured: config.structured_limits(),
+                agent_limits: config.agent_limits(),
                 auth: Auth::new(&config.api_keys, &config.admin_keys, config.metrics_public),
                 limits: Limits::new(config, store.clone()),
                 sessions: Sessions::new(config, store.clone()),
@@ -159,6 +162,11 @@ impl AppState {
     /// The bounds on structured outputs and tools.
     pub fn structured_limits(&self) -> &StructuredLimits {
         &self.inner.structured
+    }
+
+    /// The bounds on agents added at run time.
+    pub fn agent_limits(&self) -> AgentLimits {
+        self.inner.agent_limits
     }
 
     pub fn max_body_bytes(&self) -> usize {

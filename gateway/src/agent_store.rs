@@ -52,6 +52,9 @@ pub const MIGRATIONS: &[&str] = &["CREATE TABLE swarmgate_agents (
 /// Connections the pool keeps: edits are rare, and each holds one for a few queries.
 const POOL_SIZE: usize = 4;
 
+/// How long a connection may take to open, unless the URL says (`connect_timeout`).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Longest wait between two attempts to reconnect the listener.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -86,7 +89,11 @@ pub struct AgentStore {
 impl AgentStore {
     /// Connects to the database at `url` and brings its schema up to date.
     pub async fn open(url: &str) -> Result<Self> {
-        let config: tokio_postgres::Config = url.parse()?;
+        let mut config: tokio_postgres::Config = url.parse()?;
+        if config.get_connect_timeout().is_none() {
+            // An unreachable host would otherwise hold an edit for the system's TCP timeout.
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
         let manager = Manager::from_config(
             config.clone(),
             NoTls,

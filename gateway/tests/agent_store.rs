@@ -2,7 +2,8 @@
 //! own on a real server ([`support::postgres`]). Two replicas (two app states on one database)
 //! see each other's additions and removals within a second, and keep doing so after the
 //! listener's connection is cut; the agents survive a restart; the swarm file seeds only an
-//! empty table; the rules and the bounds hold across replicas; migrations run once.
+//! empty table; the rules and the bounds hold across replicas; migrations run once; a database
+//! that stops answering makes edits 503s while the agents already loaded keep serving.
 
 mod support;
 
@@ -237,4 +238,25 @@ async fn the_agent_count_is_bounded_across_replicas() {
         gardener,
         json!({"id": "gardener", "object": "agent", "description": agent("x")["description"]})
     );
+}
+
+#[tokio::test]
+async fn a_database_that_stops_answering_refuses_edits_but_not_reads() {
+    let db = TestDatabase::create("outage").await;
+    let state = replica(&db, ServeConfig::default()).await;
+    let before = names(&state).await;
+    db.cut_off().await;
+    let (status, refused) = call(
+        &state,
+        Method::POST,
+        "/v1/agents",
+        ADMIN,
+        Some(agent("gardener")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
+    assert_eq!(refused["error"]["code"], "state_store_unavailable");
+    let (status, _) = call(&state, Method::DELETE, "/v1/agents/coder", ADMIN, None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(names(&state).await, before);
 }

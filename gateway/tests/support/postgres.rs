@@ -47,6 +47,36 @@ impl TestDatabase {
         format!("{server}/{}", self.name)
     }
 
+    /// Refuses new connections to the test's database and ends those open, waiting until
+    /// they are gone: a database that stopped answering.
+    pub async fn cut_off(&self) {
+        let (client, connection) = tokio_postgres::connect(&self.admin_url, NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let name = &self.name;
+        client
+            .batch_execute(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
+            .await
+            .unwrap();
+        // A backend ends at its next check for interrupts, shortly after it is signalled.
+        loop {
+            let open: i64 = client
+                .query_one(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                     WHERE datname = $1",
+                    &[name],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if open == 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     /// Runs `sql` in the test's database.
     pub async fn execute(&self, sql: &str) {
         execute(&self.url(), sql).await;

@@ -60,6 +60,11 @@ else
     apt install -y -q postgresql >/dev/null || { apt update -q >/dev/null && apt install -y -q postgresql >/dev/null; }
   fi
   bin=$(pg_bin)
+  # Installing the package may start Debian's own cluster on 5432, which asks for passwords;
+  # the tests' cluster trusts loopback, so it takes the port instead.
+  if listening 5432 && command -v pg_ctlcluster >/dev/null 2>&1; then
+    pg_ctlcluster "$(basename "$(dirname "$bin")")" main stop || true
+  fi
   # PostgreSQL refuses to run as root; the package's `postgres` user runs it then.
   as_owner() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
   data="$scratch/postgres"

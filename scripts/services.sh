@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Makes sure the services the tests talk to are up on loopback: NATS with JetStream on 4222 and
-# Redis on 6379. A service already listening is left alone; a missing one is installed from
+# Makes sure the services the tests talk to are up on loopback: NATS with JetStream on 4222,
+# Redis on 6379 and PostgreSQL on 5432 (trust authentication for local connections, user
+# `postgres`). A service already listening is left alone; a missing one is installed from
 # Debian's packages when needed and started in the background, keeping nothing on disk beyond a
 # scratch directory.
 set -euo pipefail
@@ -48,4 +49,32 @@ else
     --dir "$scratch" --logfile "$scratch/redis.log"
   wait_for 6379 redis-server
   echo "services: redis started"
+fi
+
+if listening 5432; then
+  echo "services: postgresql up"
+else
+  pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
+  if [ -z "$(pg_bin)" ]; then
+    echo "services: installing postgresql"
+    apt install -y -q postgresql >/dev/null || { apt update -q >/dev/null && apt install -y -q postgresql >/dev/null; }
+  fi
+  bin=$(pg_bin)
+  # Installing the package may start Debian's own cluster on 5432, which asks for passwords;
+  # the tests' cluster trusts loopback, so it takes the port instead.
+  if listening 5432 && command -v pg_ctlcluster >/dev/null 2>&1; then
+    pg_ctlcluster "$(basename "$(dirname "$bin")")" main stop || true
+  fi
+  # PostgreSQL refuses to run as root; the package's `postgres` user runs it then.
+  as_owner() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+  data="$scratch/postgres"
+  if [ ! -s "$data/PG_VERSION" ]; then
+    mkdir -p "$data"
+    [ "$(id -u)" -ne 0 ] || chown postgres "$data"
+    as_owner "$bin/initdb" -D "$data" -U postgres -A trust >"$scratch/postgres-init.log" 2>&1
+  fi
+  as_owner "$bin/pg_ctl" -D "$data" -l "$data/server.log" -w \
+    -o "-h 127.0.0.1 -p 5432 -k $data" start >/dev/null
+  wait_for 5432 postgresql
+  echo "services: postgresql started"
 fi

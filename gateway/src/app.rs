@@ -36,6 +36,7 @@ use crate::openapi;
 use crate::session::Sessions;
 use crate::state;
 use crate::transport::{IntoTransport, Transport};
+use crate::validate::agent::AgentLimits;
 use crate::validate::structured::StructuredLimits;
 
 /// What every handler shares. Cloning is a few reference-count increments.
@@ -59,6 +60,7 @@ struct Inner {
     connection_timeouts: ConnectionTimeouts,
     grpc_max_concurrent_streams: u32,
     structured: StructuredLimits,
+    agent_limits: AgentLimits,
     auth: Auth,
     limits: Limits,
     sessions: Sessions,
@@ -98,6 +100,7 @@ impl AppState {
                 connection_timeouts: config.connection_timeouts(),
                 grpc_max_concurrent_streams: config.grpc_max_concurrent_streams,
                 structured: config.structured_limits(),
+                agent_limits: config.agent_limits(),
                 auth: Auth::new(&config.api_keys, &config.admin_keys, config.metrics_public),
                 limits: Limits::new(config, store.clone()),
                 sessions: Sessions::new(config, store.clone()),
@@ -169,6 +172,11 @@ impl AppState {
     /// The bounds on structured outputs and tools.
     pub fn structured_limits(&self) -> &StructuredLimits {
         &self.inner.structured
+    }
+
+    /// The bounds on agents added at run time.
+    pub fn agent_limits(&self) -> AgentLimits {
+        self.inner.agent_limits
     }
 
     pub fn max_body_bytes(&self) -> usize {

@@ -10,6 +10,9 @@
 //! edit the swarm ([`Auth::admin`]): adding or removing agents needs one, whether or not the
 //! rest of the API is open. Without admin keys such edits are refused (403 `admin_disabled`);
 //! with them, no key is a 401, and a key that is not an admin key a 403 `admin_key_required`.
+//! Reading agents' definitions (system prompts, sampling, verifier policies) needs an admin key
+//! too ([`Auth::reads_definitions`]), except on a server without any key, whose API is open to
+//! all; other callers see agents' names and descriptions.
 //!
 //! Invariants:
 //! - keys are kept only as SHA-256 digests, and a presented key is compared with every digest
@@ -183,6 +186,15 @@ impl Auth {
         }
     }
 
+    /// Whether the caller of `headers` may read agents' definitions: on a server without any
+    /// key, everyone; else only an admin key.
+    pub fn reads_definitions(&self, headers: &HeaderMap) -> bool {
+        if !self.closed && self.admin.is_empty() {
+            return true;
+        }
+        presented(headers).is_ok_and(|key| bool::from(matches(&self.admin, &key)))
+    }
+
     /// The caller `headers` authenticate as.
     fn caller(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
         let presented = presented(headers)?;
@@ -310,6 +322,22 @@ mod tests {
         // An admin key is an API key too, and a caller of its own.
         let root = auth.caller(&bearer("Bearer sk-root")).unwrap();
         assert_ne!(root, auth.caller(&bearer("Bearer sk-alpha")).unwrap());
+    }
+
+    #[test]
+    fn definitions_are_for_admin_keys_unless_there_are_no_keys() {
+        let parse = |k: &str| -> ApiKey { k.parse().unwrap() };
+        assert!(Auth::new(&[], &[], true).reads_definitions(&HeaderMap::new()));
+        for auth in [
+            Auth::new(&[parse("sk-alpha")], &[parse("sk-root")], true),
+            Auth::new(&[], &[parse("sk-root")], true),
+        ] {
+            assert!(auth.reads_definitions(&bearer("Bearer sk-root")));
+            assert!(!auth.reads_definitions(&bearer("Bearer sk-alpha")));
+            assert!(!auth.reads_definitions(&HeaderMap::new()));
+        }
+        let users_only = Auth::new(&[parse("sk-alpha")], &[], true);
+        assert!(!users_only.reads_definitions(&bearer("Bearer sk-alpha")));
     }
 
     #[test]

@@ -134,6 +134,37 @@ pub struct ServeConfig {
     /// /v1/swarm/route`) [default: swarm.toml, if present]. Without one the server has no swarm.
     #[arg(long, env = "SWARMGATE_SWARM")]
     pub swarm: Option<PathBuf>,
+    /// PostgreSQL keeping the swarm's agents (`postgres://user@host:port/db`), shared by every
+    /// replica pointed at it: edits survive restarts and reach the other replicas within a
+    /// second. The swarm file seeds it while its table is empty. Without one the agents live in
+    /// this process, as the swarm file has them.
+    #[arg(long, env = "SWARMGATE_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Most agents a swarm may hold; `POST /v1/agents` beyond them is a 400.
+    #[arg(long, env = "SWARMGATE_MAX_AGENTS", default_value_t = 64)]
+    pub max_agents: usize,
+    /// Largest system prompt an agent added at run time may have, in bytes.
+    #[arg(
+        long,
+        env = "SWARMGATE_MAX_AGENT_PROMPT_BYTES",
+        default_value_t = 32768
+    )]
+    pub max_agent_prompt_bytes: usize,
+    /// Largest description, and largest routing example, an agent added at run time may have,
+    /// in bytes.
+    #[arg(
+        long,
+        env = "SWARMGATE_MAX_AGENT_DESCRIPTION_BYTES",
+        default_value_t = 2048
+    )]
+    pub max_agent_description_bytes: usize,
+    /// Most routing examples an agent added at run time may have.
+    #[arg(
+        long,
+        env = "SWARMGATE_MAX_AGENT_ROUTING_EXAMPLES",
+        default_value_t = 64
+    )]
+    pub max_agent_routing_examples: usize,
     /// Most `tools` one request may define.
     #[arg(long, env = "SWARMGATE_MAX_TOOLS", default_value_t = 128)]
     pub max_tools: usize,
@@ -193,6 +224,11 @@ impl Default for ServeConfig {
             first_token_timeout_secs: 60.0,
             request_timeout_secs: 600.0,
             swarm: None,
+            database_url: None,
+            max_agents: 64,
+            max_agent_prompt_bytes: 32768,
+            max_agent_description_bytes: 2048,
+            max_agent_routing_examples: 64,
             max_tools: 128,
             max_schema_bytes: 65536,
             max_schema_depth: 32,
@@ -316,6 +352,19 @@ impl ServeConfig {
             redis::Client::open(url.as_str())
                 .map_err(|e| format!("--redis must be a Redis URL (redis://host:port): {e}"))?;
         }
+        if let Some(url) = &self.database_url {
+            // The parser's message never repeats the URL, so a password in it stays unprinted.
+            url.parse::<tokio_postgres::Config>().map_err(|e| {
+                format!("--database-url must be a PostgreSQL URL (postgres://user@host/db): {e}")
+            })?;
+        }
+        if self.max_agents == 0
+            || self.max_agent_prompt_bytes == 0
+            || self.max_agent_description_bytes == 0
+            || self.max_agent_routing_examples == 0
+        {
+            return Err("--max-agents and the --max-agent-* bounds must be positive".into());
+        }
         if self.session_ttl_secs > MAX_SESSION_TTL_SECS {
             return Err(format!(
                 "--session-ttl-secs must be at most {MAX_SESSION_TTL_SECS} (a year), not {}",
@@ -384,6 +433,16 @@ impl ServeConfig {
             max_schema_bytes: self.max_schema_bytes,
             max_schema_depth: self.max_schema_depth,
             compile_timeout: std::time::Duration::from_millis(self.grammar_compile_timeout_ms),
+        }
+    }
+
+    /// The bounds on agents added at run time.
+    pub fn agent_limits(&self) -> crate::validate::agent::AgentLimits {
+        crate::validate::agent::AgentLimits {
+            max_agents: self.max_agents,
+            max_prompt_bytes: self.max_agent_prompt_bytes,
+            max_description_bytes: self.max_agent_description_bytes,
+            max_routing_examples: self.max_agent_routing_examples,
         }
     }
 
@@ -554,6 +613,24 @@ mod tests {
             })
             .contains("--request-timeout-secs"));
         }
+        assert!(invalid(ServeConfig {
+            max_agents: 0,
+            ..default()
+        })
+        .contains("--max-agents"));
+        let e = invalid(ServeConfig {
+            database_url: Some("postgres://swarm:s3cret@db:notaport/agents".into()),
+            ..default()
+        });
+        assert!(e.contains("--database-url"), "{e}");
+        assert!(!e.contains("s3cret"), "the password never shows: {e}");
+        let url = "postgres://swarm:s3cret@127.0.0.1:5432/agents".to_owned();
+        ServeConfig {
+            database_url: Some(url),
+            ..default()
+        }
+        .validate()
+        .unwrap();
     }
 
     #[test]

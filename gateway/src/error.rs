@@ -105,7 +105,8 @@ pub enum ApiError {
     /// The engine has stopped.
     #[error("The model is not available: the engine is not running.")]
     Unavailable,
-    /// The shared state store (Redis) does not answer; the detail stays in the logs.
+    /// The shared state store (Redis, or the agents' PostgreSQL) does not answer; the detail
+    /// stays in the logs.
     #[error("The shared state store is not answering; please retry shortly.")]
     StoreUnavailable(String),
     /// The request ran past its first-token or total deadline; its sequence is cancelled.
@@ -275,6 +276,20 @@ impl IntoResponse for ApiError {
             response.extensions_mut().insert(rejection);
         }
         response
+    }
+}
+
+/// The agent store's errors: a broken rule or a full swarm is the client's to fix; a database
+/// that does not answer is a 503; stored agents that do not load are ours.
+impl From<crate::agent_store::AgentStoreError> for ApiError {
+    fn from(e: crate::agent_store::AgentStoreError) -> Self {
+        use crate::agent_store::AgentStoreError as E;
+        match e {
+            E::Rules(e) => Self::from(e),
+            E::Full { .. } => Self::invalid_request(e.to_string()),
+            E::Database(_) | E::Pool(_) => Self::StoreUnavailable(e.to_string()),
+            E::Stored { .. } | E::Corrupt(_) => Self::Internal(e.to_string()),
+        }
     }
 }
 

@@ -18,6 +18,8 @@
 //!   offending field. Only a [`validate::ValidChatRequest`] reaches the engine. Its
 //!   [`validate::structured`] turns `response_format` and `tools` into the grammar the engine
 //!   enforces, and [`tool_calls`] reads a tool-call answer back into OpenAI's shapes.
+//! - [`agent_store`] keeps the swarm's agents in PostgreSQL when replicas share them
+//!   (`--database-url`); [`http::swarm::Swarm`] follows it.
 //! - [`logprobs`] turns the engine's token log-probabilities into OpenAI's shape.
 //! - [`error`] is the one place that decides HTTP statuses and error bodies.
 //! - [`grpc`] is the same chat API over gRPC, on a port of its own: its requests pass through
@@ -39,6 +41,7 @@
 //! Embeddings never touch the engine: [`http::embeddings`] runs the BERT model on tokio's
 //! blocking threads, one request at a time, on a few compute threads of its own.
 
+pub mod agent_store;
 pub mod api;
 pub mod app;
 pub mod auth;
@@ -95,18 +98,8 @@ pub async fn serve(
                 .with_context(|| format!("cannot listen on {}:{port} (gRPC)", config.host))?,
         ),
     };
-    let swarm = match config.swarm_file() {
-        Some(path) => {
-            let swarm_config = router::SwarmConfig::load(&path)?;
-            let verifier = swarm_config
-                .agents
-                .iter()
-                .find(|agent| agent.kind == router::AgentKind::Verifier)
-                .map(|agent| (agent.name.to_string(), agent.system_prompt.clone()));
-            let embedder = embeddings
-                .as_ref()
-                .map(http::embeddings::Embeddings::embedder);
-            let swarm = http::swarm::Swarm::new(swarm_config, transport.clone(), embedder)?;
+    let swarm = match load_swarm(&config, &transport, embeddings.as_ref()).await? {
+        Some(swarm) => {
             swarm
                 .prepare()
                 .await
@@ -115,13 +108,18 @@ pub async fn serve(
                 .pin_prompts()
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot pin the agents' system prompts: {e}"))?;
+            let registry = swarm.registry().snapshot();
             tracing::info!(
-                swarm = %path.display(),
-                agents = swarm.registry().snapshot().agents().count(),
+                agents = registry.agents().count(),
+                stored = config.database_url.is_some(),
                 strategy = ?swarm.routing().strategy,
                 pinned_prompt_tokens = pinned,
                 "swarm loaded"
             );
+            let verifier = registry
+                .list(router::AgentKind::Verifier)
+                .next()
+                .map(|agent| (agent.name.to_string(), agent.system_prompt.clone()));
             Some((swarm, verifier))
         }
         None => None,
@@ -179,6 +177,54 @@ pub async fn serve(
             Ok(())
         }
     }
+}
+
+/// The swarm: the swarm file's agents, or with `--database-url` the stored ones (which the file
+/// seeds while the table is empty; see [`agent_store`]). `None` without a swarm file and
+/// without stored agents.
+async fn load_swarm(
+    config: &config::ServeConfig,
+    transport: &std::sync::Arc<dyn transport::Transport>,
+    embeddings: Option<&http::embeddings::Embeddings>,
+) -> anyhow::Result<Option<http::swarm::Swarm>> {
+    let file = match config.swarm_file() {
+        Some(path) => Some(router::SwarmConfig::load(&path)?),
+        None => None,
+    };
+    let embedder = embeddings.map(http::embeddings::Embeddings::embedder);
+    let Some(url) = &config.database_url else {
+        return match file {
+            Some(file) => Ok(Some(http::swarm::Swarm::new(
+                file,
+                transport.clone(),
+                embedder,
+            )?)),
+            None => Ok(None),
+        };
+    };
+    let store = agent_store::AgentStore::open(url)
+        .await
+        .context("cannot open the agent store (--database-url)")?;
+    let routing = match file {
+        Some(file) => {
+            // The file's agents must form a swarm before they may seed the table.
+            router::Registry::new(file.agents.iter().cloned())?;
+            if store.seed(&file.agents).await? {
+                tracing::info!(
+                    agents = file.agents.len(),
+                    "agent store seeded from the swarm file"
+                );
+            }
+            file.routing
+        }
+        None => router::RoutingConfig::default(),
+    };
+    if store.load().await?.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(
+        http::swarm::Swarm::stored(routing, store, transport.clone(), embedder).await?,
+    ))
 }
 
 /// Serves the API on an already bound listener until `shutdown` completes. Tests bind

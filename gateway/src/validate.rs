@@ -1,6 +1,7 @@
 //! Turns wire requests into valid ones: every field checked, prompts rendered and tokenized,
 //! defaults filled in. [`validate_chat`] does it for chat; [`completion`] for the legacy text
-//! completions and [`embeddings`] for embeddings, by the same invariants:
+//! completions, [`embeddings`] for embeddings and [`agent`] for agents added at run time, by the
+//! same invariants:
 //! - a valid request exists only if every rule held, so the engine is never handed a request it
 //!   must refuse for a reason the client could have been told about here;
 //! - each refusal is a 400 whose `param` names the field at fault, as OpenAI spells it
@@ -17,6 +18,7 @@
 //! `user` and `assistant` and text-only content; top_logprobs in 0..=20 and only with
 //! `logprobs: true`.
 
+pub mod agent;
 pub mod completion;
 pub mod embeddings;
 pub mod structured;

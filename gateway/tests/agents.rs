@@ -9,16 +9,15 @@ mod support;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use axum::http::{header, Method, Request, StatusCode};
+use axum::http::{Method, StatusCode};
 use engine::{Embedder, EmbedderConfig};
 use engine::{EngineConfig, EngineHandle};
 use gateway::http::swarm::Swarm;
-use gateway::{app, AppState, ServeConfig};
+use gateway::{AppState, ServeConfig};
 use router::SwarmConfig;
 use serde_json::{json, Value};
+use support::api::call;
 use support::{models, root, MODEL_ID};
-use tower::ServiceExt;
 
 const USER_KEY: &str = "sk-user";
 const ADMIN_KEY: &str = "sk-admin";
@@ -59,38 +58,25 @@ async fn swarm() -> Swarm {
 
 /// A server with a user key and an admin key, or with neither when `keys` is false.
 async fn server(keys: bool) -> AppState {
-    let mut config = ServeConfig::default();
-    if keys {
-        config.api_keys = vec![USER_KEY.parse().unwrap()];
-        config.admin_keys = vec![ADMIN_KEY.parse().unwrap()];
-    }
-    AppState::configured(engine().clone(), &config).with_swarm(swarm().await)
+    let config = if keys {
+        keyed()
+    } else {
+        ServeConfig::default()
+    };
+    serving(config).await
 }
 
-async fn call(
-    state: &AppState,
-    method: Method,
-    path: &str,
-    key: Option<&str>,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let mut request = Request::builder().method(method).uri(path);
-    if let Some(key) = key {
-        request = request.header(header::AUTHORIZATION, format!("Bearer {key}"));
+/// The default settings with a user key and an admin key.
+fn keyed() -> ServeConfig {
+    ServeConfig {
+        api_keys: vec![USER_KEY.parse().unwrap()],
+        admin_keys: vec![ADMIN_KEY.parse().unwrap()],
+        ..ServeConfig::default()
     }
-    let request = match body {
-        Some(body) => request
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Body::from(body.to_string())),
-        None => request.body(Body::empty()),
-    }
-    .unwrap();
-    let response = app(state.clone()).oneshot(request).await.unwrap();
-    let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+async fn serving(config: ServeConfig) -> AppState {
+    AppState::configured(engine().clone(), &config).with_swarm(swarm().await)
 }
 
 async fn post(state: &AppState, key: Option<&str>, agent: Value) -> (StatusCode, Value) {
@@ -378,4 +364,135 @@ async fn an_added_agent_is_pinned_routed_to_and_removed() {
         StatusCode::NOT_FOUND,
     );
     assert_ne!(routed(&state, question).await, "gardener");
+}
+
+#[tokio::test]
+async fn user_keys_see_names_and_descriptions_admin_keys_see_definitions() {
+    let state = server(true).await;
+    let (status, list) = call(&state, Method::GET, "/v1/agents", Some(USER_KEY), None).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let agents = list["data"].as_array().unwrap();
+    assert_eq!(agents.len(), 8);
+    for agent in agents {
+        let mut fields: Vec<&str> = agent
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        fields.sort_unstable();
+        assert_eq!(fields, ["description", "id", "object"], "{agent}");
+    }
+    let (status, coder) = call(
+        &state,
+        Method::GET,
+        "/v1/agents/coder",
+        Some(USER_KEY),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{coder}");
+    assert!(coder.get("definition").is_none(), "{coder}");
+    assert_eq!(coder["object"], "agent");
+
+    let (_, full) = call(
+        &state,
+        Method::GET,
+        "/v1/agents/coder",
+        Some(ADMIN_KEY),
+        None,
+    )
+    .await;
+    assert_eq!(full["definition"]["description"], coder["description"]);
+    assert!(!full["definition"]["system_prompt"]
+        .as_str()
+        .unwrap()
+        .is_empty());
+    let (_, list) = call(&state, Method::GET, "/v1/agents", Some(ADMIN_KEY), None).await;
+    assert!(list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|a| a["definition"]["name"] == a["id"]));
+
+    // Admin keys alone leave the API open, but definitions still need one.
+    let config = ServeConfig {
+        admin_keys: vec![ADMIN_KEY.parse().unwrap()],
+        ..ServeConfig::default()
+    };
+    let state = serving(config).await;
+    let (status, coder) = call(&state, Method::GET, "/v1/agents/coder", None, None).await;
+    assert_eq!(status, StatusCode::OK, "{coder}");
+    assert!(coder.get("definition").is_none(), "{coder}");
+}
+
+#[tokio::test]
+async fn definitions_beyond_the_bounds_or_the_context_are_refused_by_field() {
+    let config = ServeConfig {
+        max_agents: 9,
+        max_agent_prompt_bytes: 1024,
+        max_agent_description_bytes: 256,
+        max_agent_routing_examples: 6,
+        ..keyed()
+    };
+    let state = serving(config).await;
+    let admin = Some(ADMIN_KEY);
+    let model = engine().model();
+    let context = model.context_length.min(model.kv_capacity_tokens);
+    let with = |field: &str, value: Value| {
+        let mut agent = gardener();
+        let mut at = &mut agent;
+        let mut path = field.split('.').peekable();
+        while let Some(key) = path.next() {
+            if path.peek().is_none() {
+                at[key] = value.clone();
+                break;
+            }
+            at = &mut at[key];
+        }
+        agent
+    };
+    for (agent, param) in [
+        (
+            with("system_prompt", json!("x".repeat(1025))),
+            "system_prompt",
+        ),
+        (with("description", json!("d".repeat(257))), "description"),
+        (
+            with(
+                "routing_examples",
+                json!((0..7).map(|i| format!("plant {i}")).collect::<Vec<_>>()),
+            ),
+            "routing_examples",
+        ),
+        (
+            with("sampling.stop", json!(["a", "b", "c", "d", "e"])),
+            "sampling.stop",
+        ),
+        (
+            with("sampling.max_tokens", json!(context)),
+            "sampling.max_tokens",
+        ),
+    ] {
+        let (_, at) = refusal(post(&state, admin, agent).await, StatusCode::BAD_REQUEST);
+        assert_eq!(at, json!(param));
+    }
+    let (status, list) = call(&state, Method::GET, "/v1/agents", admin, None).await;
+    assert_eq!(
+        (status, list["data"].as_array().unwrap().len()),
+        (StatusCode::OK, 8)
+    );
+
+    // The ninth agent fits; a tenth does not.
+    let (status, added) = post(&state, admin, gardener()).await;
+    assert_eq!(status, StatusCode::CREATED, "{added}");
+    let (status, full) = post(&state, admin, with("name", json!("orchard"))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{full}");
+    assert!(
+        full["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-agents"),
+        "{full}"
+    );
 }

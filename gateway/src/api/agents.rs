@@ -1,5 +1,7 @@
 //! The wire format of `/v1/agents`: serde types and nothing else. An agent is shown, and added,
 //! as the swarm file writes it ([`AgentSpec`], whose fields and rules the router crate defines).
+//! Reading shows one of two views ([`AgentView`]): the whole [`Agent`] to an admin key (or to
+//! anyone on a server without keys), an [`AgentSummary`] to other callers.
 
 use router::AgentSpec;
 use serde::Serialize;
@@ -17,12 +19,32 @@ pub struct Agent {
     pub pinned_prompt_tokens: usize,
 }
 
-/// Every agent, by name.
+/// One agent as a caller without an admin key sees it: what it is for, not how it works.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct AgentSummary {
+    /// The agent's name: what chat requests put in `model` to talk to it.
+    pub id: String,
+    /// Always `"agent"`.
+    pub object: &'static str,
+    /// What the agent handles (empty for agents that have none).
+    pub description: String,
+}
+
+/// An agent as its reader may see it: [`Agent`] for an admin key, or on a server without
+/// keys; [`AgentSummary`] for any other caller.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum AgentView {
+    Definition(Box<Agent>),
+    Summary(AgentSummary),
+}
+
+/// Every agent, by name, all in the same view.
 #[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct AgentList {
     /// Always `"list"`.
     pub object: &'static str,
-    pub data: Vec<Agent>,
+    pub data: Vec<AgentView>,
 }
 
 /// The answer to a deletion.

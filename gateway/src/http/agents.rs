@@ -1,5 +1,11 @@
-//! `/v1/agents`: the swarm's agents, listed and described to any caller, added and removed at
-//! run time by an admin ([`crate::auth`]).
+//! `/v1/agents`: the swarm's agents, listed and described, added and removed at run time by an
+//! admin ([`crate::auth`]). Definitions (system prompts, sampling, verifier policies) are shown
+//! to admin keys, and to everyone on a server without keys; other callers see each agent's name
+//! and description ([`AgentView`]).
+//!
+//! An agent is validated before the swarm is touched ([`validate_agent`]): the operator's bounds
+//! on definitions, and whether it could serve a request on the served model, each a 400 naming
+//! the field; a swarm already holding `--max-agents` agents refuses it with a 400.
 //!
 //! An added agent answers (as `model: "<name>"`, and through routing) from the next request on:
 //! the registry publishes a new snapshot, its system prompt is pinned and pre-warmed, and the
@@ -14,25 +20,31 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use router::{AgentId, AgentSpec};
 
-use crate::api::agents::{Agent, AgentList, DeletedAgent};
+use crate::api::agents::{Agent, AgentList, AgentSummary, AgentView, DeletedAgent};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::json::ApiJson;
 use crate::http::swarm::{Swarm, SWARM_MODEL};
 use crate::openapi::AdminErrors;
+use crate::validate::agent::validate_agent;
 
-/// Lists the swarm's agents.
+/// Lists the swarm's agents: definitions for an admin key, else names and descriptions.
 #[utoipa::path(get, path = "/v1/agents", tag = "swarm",
     responses(
-        (status = 200, description = "Every agent, by name.", body = AgentList),
+        (status = 200, description = "Every agent, by name: each an `Agent` for an admin key \
+            (or on a server without keys), an `AgentSummary` for other callers.", body = AgentList),
         AdminErrors,
     ),
     security(("api_key" = [])))]
-pub async fn list(State(state): State<AppState>) -> Result<Json<AgentList>, ApiError> {
+pub async fn list(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<AgentList>, ApiError> {
     let swarm = swarm(&state)?;
+    let definitions = state.auth().reads_definitions(&headers);
     let mut data = Vec::new();
     for agent in swarm.registry().snapshot().agents() {
-        data.push(shown(swarm, agent.clone()).await);
+        data.push(view(swarm, agent.clone(), definitions).await);
     }
     Ok(Json(AgentList {
         object: "list",
@@ -40,18 +52,20 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<AgentList>, ApiE
     }))
 }
 
-/// Describes one agent.
+/// Describes one agent: its definition for an admin key, else its name and description.
 #[utoipa::path(get, path = "/v1/agents/{name}", tag = "swarm",
     params(("name" = String, Path, description = "The agent's name.")),
     responses(
-        (status = 200, description = "The agent.", body = Agent),
+        (status = 200, description = "The agent: an `Agent` for an admin key (or on a server \
+            without keys), an `AgentSummary` for other callers.", body = AgentView),
         AdminErrors,
     ),
     security(("api_key" = [])))]
 pub async fn get(
     State(state): State<AppState>,
+    headers: HeaderMap,
     Path(name): Path<String>,
-) -> Result<Json<Agent>, ApiError> {
+) -> Result<Json<AgentView>, ApiError> {
     let swarm = swarm(&state)?;
     let agent = swarm
         .registry()
@@ -59,7 +73,8 @@ pub async fn get(
         .get(&name)
         .cloned()
         .ok_or(ApiError::AgentNotFound(name))?;
-    Ok(Json(shown(swarm, agent).await))
+    let definitions = state.auth().reads_definitions(&headers);
+    Ok(Json(view(swarm, agent, definitions).await))
 }
 
 /// Adds an agent (admin key).
@@ -77,7 +92,10 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<Agent>), ApiError> {
     state.auth().admin(&headers)?;
     let swarm = swarm(&state)?;
-    swarm.add_agent(agent.clone()).await?;
+    let limits = state.agent_limits();
+    let valid = validate_agent(agent, limits, state.transport().clone()).await?;
+    let agent = valid.spec().clone();
+    swarm.add_agent(valid, limits.max_agents).await?;
     tracing::info!(agent = %agent.name, "agent added");
     Ok((StatusCode::CREATED, Json(shown(swarm, agent).await)))
 }
@@ -112,6 +130,19 @@ fn swarm(state: &AppState) -> Result<&Swarm, ApiError> {
     state
         .swarm()
         .ok_or_else(|| ApiError::ModelNotFound(SWARM_MODEL.into()))
+}
+
+/// `agent` in the view its reader may see.
+async fn view(swarm: &Swarm, agent: AgentSpec, definitions: bool) -> AgentView {
+    if definitions {
+        AgentView::Definition(Box::new(shown(swarm, agent).await))
+    } else {
+        AgentView::Summary(AgentSummary {
+            id: agent.name.to_string(),
+            object: "agent",
+            description: agent.description,
+        })
+    }
 }
 
 async fn shown(swarm: &Swarm, definition: AgentSpec) -> Agent {

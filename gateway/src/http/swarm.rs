@@ -6,11 +6,18 @@
 //! (one MiniLM pass), so it runs on tokio's blocking threads, never on a runtime worker; the
 //! `llm` strategy is a one-token request to the engine, awaited like any other.
 //!
+//! Where the agents are kept: in this process as the swarm file has them, or, with
+//! `--database-url`, in PostgreSQL ([`crate::agent_store`]), shared by every replica. Then every
+//! edit is written there first and the registry reloaded from it, and a task reloads it whenever
+//! any replica edits; a reload publishes the stored agents and brings the pins and the routing
+//! index in step with them. Edits and reloads are serialized, so pins follow the registry in
+//! the order it changed.
+//!
 //! Without a swarm file the endpoint answers 404 for the model `swarm`, as for any model this
 //! server does not serve; without an embedding model, the embedding strategy is a 400 naming
 //! `strategy` (the `llm` one still works).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use axum::extract::State;
 use axum::Json;
@@ -21,6 +28,7 @@ use router::{
     RoutingStrategy, SharedRegistry, SwarmConfig,
 };
 
+use crate::agent_store::{AgentStore, AgentStoreError};
 use crate::api::swarm::{RouteRequest, RouteResponse};
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -29,6 +37,7 @@ use crate::openapi::GenerationErrors;
 use crate::swarm::pins::Pins;
 use crate::limits::{Admission, AdmittedEngine};
 use crate::transport::IntoTransport;
+use crate::validate::agent::ValidAgent;
 use crate::validate::swarm::{validate_route, ValidRouteRequest};
 
 /// The model name that asks the swarm to choose the agent.
@@ -53,8 +62,12 @@ struct Inner {
     router_agent: Option<String>,
     /// Absent when the engines are in other processes, which pin their own agents' prompts.
     pins: Option<Pins>,
-    /// The served model's id: what an agent's `model` must name, unless it says `default`.
-    model_id: String,
+    /// Where the agents are kept, when not only here.
+    store: Option<AgentStore>,
+    /// Held by every edit and reload, from reading the agents to the last pin.
+    editing: tokio::sync::Mutex<()>,
+    /// Dropped with the swarm, which stops the task that follows the store.
+    _following: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Swarm {
@@ -62,6 +75,30 @@ impl Swarm {
     /// `embedder`.
     pub fn new(
         config: SwarmConfig,
+        transport: impl IntoTransport,
+        embedder: Option<Arc<Embedder>>,
+    ) -> Result<Self, router::RouterError> {
+        Self::build(config, None, transport, embedder)
+    }
+
+    /// The swarm of the agents in `store`, routed by `routing`, and kept in step with the store
+    /// from now on (see the module header).
+    pub async fn stored(
+        routing: RoutingConfig,
+        store: AgentStore,
+        transport: impl IntoTransport,
+        embedder: Option<Arc<Embedder>>,
+    ) -> Result<Self, AgentStoreError> {
+        let agents = store.load().await?;
+        let config = SwarmConfig { routing, agents };
+        let swarm = Self::build(config, Some(store), transport, embedder)
+            .map_err(AgentStoreError::Corrupt)?;
+        Ok(swarm)
+    }
+
+    fn build(
+        config: SwarmConfig,
+        store: Option<AgentStore>,
         transport: impl IntoTransport,
         embedder: Option<Arc<Embedder>>,
     ) -> Result<Self, router::RouterError> {
@@ -73,18 +110,31 @@ impl Swarm {
             .map(|a| a.name.to_string());
         let registry = SharedRegistry::new(Registry::new(config.agents)?);
         let margin = config.routing.margin;
-        Ok(Self {
+        let (following, stop) = match &store {
+            Some(_) => {
+                let (following, stop) = tokio::sync::oneshot::channel();
+                (Some(following), Some(stop))
+            }
+            None => (None, None),
+        };
+        let swarm = Self {
             inner: Arc::new(Inner {
                 registry,
                 routing: config.routing,
                 embedding: embedder
                     .map(|e| Arc::new(EmbeddingRouter::new(e, margin, DEFAULT_METHOD))),
                 pins: transport.local_engine().cloned().map(Pins::new),
-                model_id: transport.model().id.clone(),
                 llm: LlmRouter::new(margin),
                 router_agent,
+                store,
+                editing: tokio::sync::Mutex::new(()),
+                _following: following,
             }),
-        })
+        };
+        if let (Some(store), Some(stop)) = (&swarm.inner.store, stop) {
+            tokio::spawn(follow(Arc::downgrade(&swarm.inner), store.changes(), stop));
+        }
+        Ok(swarm)
     }
 
     /// Embeds every agent's description and examples now, so that the first request does not
@@ -126,18 +176,19 @@ impl Swarm {
         }
     }
 
-    /// Adds `agent` to the swarm, pins its system prompt and indexes it for routing; it answers
-    /// from the next request on.
-    pub async fn add_agent(&self, agent: AgentSpec) -> Result<(), ApiError> {
-        if !agent.model.is_default() && agent.model.as_str() != self.inner.model_id {
-            return Err(ApiError::invalid(
-                "model",
-                format!(
-                    "agent `{}` runs on model `{}`, which this server does not serve (it serves \
-                     `{}`; `default` names it too)",
-                    agent.name, agent.model, self.inner.model_id
-                ),
-            ));
+    /// Adds `agent` to the swarm, unless it already holds `max_agents`, pins its system prompt
+    /// and indexes it for routing; it answers from the next request on. With a store, the
+    /// agent is written there first, and reaches the other replicas from there.
+    pub async fn add_agent(&self, agent: ValidAgent, max_agents: usize) -> Result<(), ApiError> {
+        let agent = agent.into_spec();
+        let _editing = self.inner.editing.lock().await;
+        if let Some(store) = &self.inner.store {
+            store.add(&agent, max_agents).await?;
+            return self.reload_locked().await;
+        }
+        // Every edit holds `editing`, so the count cannot change before the update.
+        if self.inner.registry.snapshot().agents().count() >= max_agents {
+            return Err(AgentStoreError::Full { max: max_agents }.into());
         }
         self.inner
             .registry
@@ -154,8 +205,14 @@ impl Swarm {
         self.prepare().await
     }
 
-    /// Removes the specialist `name` and releases its pin.
+    /// Removes the specialist `name` and releases its pin; with a store, from the store first.
     pub async fn remove_agent(&self, name: &AgentId) -> Result<AgentSpec, ApiError> {
+        let _editing = self.inner.editing.lock().await;
+        if let Some(store) = &self.inner.store {
+            let agent = store.remove(name).await?;
+            self.reload_locked().await?;
+            return Ok(agent);
+        }
         let agent = self
             .inner
             .registry
@@ -164,6 +221,46 @@ impl Swarm {
             pins.unpin(name.as_str()).await;
         }
         Ok(agent)
+    }
+
+    /// Publishes the stored agents, if they changed, and brings the pins and the routing index
+    /// in step. The caller holds `editing`.
+    async fn reload_locked(&self) -> Result<(), ApiError> {
+        let Some(store) = &self.inner.store else {
+            return Ok(());
+        };
+        let next = Registry::new(store.load().await?).map_err(AgentStoreError::Corrupt)?;
+        let current = self.inner.registry.snapshot();
+        if *current == next {
+            return Ok(());
+        }
+        let answering = |registry: &Registry, name: &str| {
+            registry.get(name).is_some_and(|a| !a.kind.is_system())
+        };
+        let unpinned: Vec<AgentId> = current
+            .agents()
+            .filter(|a| !a.kind.is_system() && !answering(&next, a.name.as_str()))
+            .map(|a| a.name.clone())
+            .collect();
+        let changed: Vec<AgentSpec> = next
+            .agents()
+            .filter(|a| !a.kind.is_system() && current.get(a.name.as_str()) != Some(*a))
+            .cloned()
+            .collect();
+        self.inner.registry.update(move |registry| {
+            *registry = next;
+            Ok(())
+        })?;
+        if let Some(pins) = &self.inner.pins {
+            for name in &unpinned {
+                pins.unpin(name.as_str()).await;
+            }
+            // The agents serve unpinned meanwhile; the edit is committed and stays.
+            if let Err(e) = pins.pin(&changed.iter().collect::<Vec<_>>()).await {
+                tracing::warn!(error = %e, "cannot pin the changed agents' system prompts");
+            }
+        }
+        self.prepare().await
     }
 
     /// Whether a chat request for `model` is the swarm's to answer: [`SWARM_MODEL`],
@@ -219,6 +316,28 @@ impl Swarm {
                 .route(engine, &registry, &text)
                 .await
                 .map_err(|e| engine.explain(e)),
+        }
+    }
+}
+
+/// Reloads the swarm behind `swarm` at every signal of `changes`, until the swarm is gone
+/// (`stop` resolves when it drops).
+async fn follow(
+    swarm: Weak<Inner>,
+    mut changes: tokio::sync::mpsc::Receiver<()>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    loop {
+        tokio::select! {
+            changed = changes.recv() => if changed.is_none() { return },
+            _ = &mut stop => return,
+        }
+        let Some(inner) = swarm.upgrade() else { return };
+        let swarm = Swarm { inner };
+        let _editing = swarm.inner.editing.lock().await;
+        match swarm.reload_locked().await {
+            Ok(()) => tracing::debug!("agents reloaded from the store"),
+            Err(e) => tracing::warn!(error = %e, "cannot reload the agents from the store"),
         }
     }
 }

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use engine::{EngineConfig, EngineHandle};
 
+pub mod api;
 pub mod cluster;
+pub mod postgres;
 
 pub const MODEL_ID: &str = "SmolLM2-135M-Instruct.Q4_1";
 pub const QUESTION: &str = "What is the capital of France? Answer in one sentence.";

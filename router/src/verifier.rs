@@ -172,16 +172,19 @@ impl Verifier {
         &self.config
     }
 
-    /// Runs `checks` on `candidate`: the deterministic ones, then relevance when `similarity`
+    /// Runs `checks` on `candidate`: the deterministic ones, whose failures the caller passes
+    /// as `failures` (what [`Verifier::check`] gave for this candidate: they read the whole
+    /// answer, so callers run them off the async threads), then relevance when `similarity`
     /// (the question's and answer's cosine) is given and `checks.relevance` asks for it, then
     /// the judge when `checks.judge` asks for it. Stops at the first kind that fails.
     pub async fn verify(
         &self,
         candidate: &Candidate<'_>,
         checks: &VerifierChecks,
+        failures: Vec<String>,
         similarity: Option<f32>,
     ) -> Result<Verdict> {
-        let mut reasons = self.check(candidate, checks);
+        let mut reasons = failures;
         if reasons.is_empty() && checks.relevance {
             if let Some(similarity) = similarity {
                 reasons.extend(self.relevance(similarity));
@@ -256,7 +259,17 @@ impl Verifier {
                 ),
             ),
         ];
-        let prompt = self.engine.render_chat(&messages)?;
+        // The question and the answer are content: a control token in either stays text, so an
+        // answer cannot close the user's turn and write the judge's verdict itself.
+        // On the blocking pool: the question is as long as its sender made it.
+        let encoder = self.engine.clone();
+        let prompt =
+            tokio::task::spawn_blocking(move || encoder.model().encode_chat(&messages, true))
+                .await
+                .map_err(|e| {
+                    engine::EngineError::Model(format!("encoding the judge's prompt: {e}"))
+                })??
+                .tokens;
         let mut score_tokens = self.yes.clone();
         score_tokens.extend(&self.no);
         let mut events = self
@@ -267,7 +280,7 @@ impl Verifier {
                 score_tokens,
                 // The judge holds an answer back from a user: it goes before new work.
                 priority: 5,
-                ..GenerateRequest::new(Prompt::Text(prompt))
+                ..GenerateRequest::new(Prompt::Tokens(prompt))
             })
             .await?;
         let mut score = None;

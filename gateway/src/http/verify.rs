@@ -17,6 +17,7 @@ use crate::error::ApiError;
 use crate::http::embeddings::Embeddings;
 use crate::http::json::ApiJson;
 use crate::openapi::GenerationErrors;
+use crate::validate::off_io;
 use crate::validate::verify::{validate_verify, ValidVerifyRequest};
 
 /// Checks an answer: deterministic checks, relevance by embeddings, and the verifier agent's
@@ -39,19 +40,23 @@ pub async fn verify(
         finish_reason,
         checks,
     } = validate_verify(request)?;
+    let (question, answer, failures) =
+        deterministic(&state, question, answer, finish_reason, &checks).await?;
     let candidate = Candidate {
         question: &question,
         answer: &answer,
         finish_reason,
     };
-    let verifier = state.verifier();
     let relevance = match state.embeddings() {
-        Some(embeddings) if wants_relevance(verifier.check(&candidate, &checks), &checks) => {
+        Some(embeddings) if checks.relevance && failures.is_empty() => {
             Some(similarity(embeddings, &question, &answer).await?.0)
         }
         _ => None,
     };
-    let verdict = verifier.verify(&candidate, &checks, relevance).await?;
+    let verdict = state
+        .verifier()
+        .verify(&candidate, &checks, failures, relevance)
+        .await?;
     Ok(Json(VerifyResponse {
         verdict: if verdict.passed { "passed" } else { "failed" },
         score: verdict.score,
@@ -60,9 +65,28 @@ pub async fn verify(
     }))
 }
 
-/// Relevance is measured only when asked for and when the cheap checks have not already failed.
-fn wants_relevance(cheap_failures: Vec<String>, checks: &VerifierChecks) -> bool {
-    checks.relevance && cheap_failures.is_empty()
+/// The verifier's deterministic checks of `answer` (repetition, JSON, language, regex), on the
+/// blocking pool: they read the whole answer, which a client may make megabytes long. Hands the
+/// texts back with the failures' reasons. Relevance is measured only when these pass.
+pub(crate) async fn deterministic(
+    state: &AppState,
+    question: String,
+    answer: String,
+    finish_reason: Option<engine::FinishReason>,
+    checks: &VerifierChecks,
+) -> Result<(String, String, Vec<String>), ApiError> {
+    let state = state.clone();
+    let checks = checks.clone();
+    off_io(move || {
+        let candidate = Candidate {
+            question: &question,
+            answer: &answer,
+            finish_reason,
+        };
+        let failures = state.verifier().check(&candidate, &checks);
+        Ok((question, answer, failures))
+    })
+    .await
 }
 
 /// Sentences of the answer compared with the question, besides the whole answer.

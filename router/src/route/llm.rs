@@ -97,7 +97,9 @@ impl LlmRouter {
             ChatMessage::new("system", system_prompt(registry)),
             ChatMessage::new("user", text),
         ];
-        let mut request = GenerateRequest::new(Prompt::Text(self.engine.render_chat(&messages)?));
+        // The user's text is content: a control token typed in it stays text.
+        let prompt = self.engine.model().encode_chat(&messages, true)?;
+        let mut request = GenerateRequest::new(Prompt::Tokens(prompt.tokens));
         request.max_tokens = 1;
         request.sampling = SamplingParams {
             temperature: 0.0,

@@ -50,6 +50,7 @@ use tokio::sync::mpsc::Receiver;
 pub use config::EngineConfig;
 pub use embed::{Embedder, EmbedderConfig, Embedding};
 pub use error::{EngineError, Result};
+pub use model::chat_prompt::{ChatEncoder, ChatPrompt};
 pub use model::chat_template::{ChatMessage, ChatTemplate};
 pub use request::{
     Event, FinishReason, GenerateRequest, Prompt, RequestId, ResponseFormat, SamplingParams,
@@ -68,6 +69,8 @@ pub struct ModelInfo {
     pub id: String,
     pub tokenizer: Arc<Tokenizer>,
     pub chat_template: ChatTemplate,
+    /// Encodes rendered chats with control tokens from the template only.
+    pub chat_encoder: ChatEncoder,
     pub context_length: usize,
     /// Tokens the KV cache can hold in all.
     pub kv_capacity_tokens: usize,
@@ -102,6 +105,7 @@ impl ModelInfo {
             .map_err(|e| EngineError::Tokenizer(format!("grammar vocabulary: {e}")))?;
         Ok(Self {
             id,
+            chat_encoder: ChatEncoder::new(tokenizer.clone())?,
             tokenizer,
             chat_template: ChatTemplate::from_gguf(gguf.content())?,
             context_length,
@@ -112,8 +116,10 @@ impl ModelInfo {
     }
 
     /// Checks `request` and returns its prompt's token ids: sampling parameters the sampler can
-    /// honour, at least one token to generate, ids in the vocabulary, a prompt that leaves room
-    /// in the context window.
+    /// honour, at least one token to generate, stop strings within their bounds, ids in the
+    /// vocabulary, a prompt that leaves room in the context window. A [`Prompt::Text`] is raw
+    /// text: special-token text in it becomes the control token (chat contents come as
+    /// [`Prompt::Tokens`] from [`ModelInfo::encode_chat`]).
     pub fn check(&self, request: &GenerateRequest) -> Result<Vec<u32>> {
         request
             .sampling
@@ -124,6 +130,7 @@ impl ModelInfo {
                 "max_tokens must be at least 1".into(),
             ));
         }
+        stop::check_stop_strings(&request.stop)?;
         let prompt = match &request.prompt {
             Prompt::Tokens(t) => t.clone(),
             Prompt::Text(text) => self
@@ -153,9 +160,16 @@ impl ModelInfo {
         Ok(prompt)
     }
 
-    /// Renders chat messages with the model's own template, ready for generation.
-    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
-        self.chat_template.render(messages, true)
+    /// Renders chat messages with the model's own template and encodes them, control tokens
+    /// coming only from the template (see [`model::chat_prompt`]); with `add_generation_prompt`
+    /// the prompt ends with the header that opens the assistant's reply.
+    pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<ChatPrompt> {
+        self.chat_encoder
+            .encode(&self.chat_template, messages, add_generation_prompt)
     }
 
     /// Compiles `format` into one sequence's constraint (`None` for free text).
@@ -177,11 +191,6 @@ pub trait Generate: Send + Sync {
     /// request when dropped. Fails, without queueing, when the request can never be served or
     /// no engine can take it now.
     fn submit(&self, request: GenerateRequest) -> BoxFuture<'_, Result<EventStream>>;
-
-    /// Renders chat messages with the model's own template, ready for generation.
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
-        self.model().render_chat(messages)
-    }
 }
 
 struct Shared {
@@ -308,11 +317,6 @@ impl EngineHandle {
 
     pub fn stats(&self) -> &EngineStats {
         &self.shared.stats
-    }
-
-    /// Renders chat messages with the model's own template, ready for generation.
-    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
-        self.shared.model.render_chat(messages)
     }
 
     /// Validates and queues a request, compiling its grammar here (on the caller's thread, not

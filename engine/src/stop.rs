@@ -19,11 +19,20 @@
 //! - once a stop string appears, only the text before it is emitted, and nothing after;
 //! - without a stop match, the concatenation of every chunk plus [`TextStream::flush`] equals
 //!   `tokenizer.decode(all_ids, true)`. Special tokens are skipped, as in that decode.
+//!
+//! Stop strings are compiled once per sequence into Aho-Corasick automata ([`StopSet`]), so each
+//! token costs time in proportion to the text it adds and to the longest stop string, not to
+//! their number: one leftmost search finds the earliest stop, one walk over the held text finds
+//! the longest suffix that could still grow into one. Stop strings are at most
+//! [`MAX_STOP_BYTES`] long, which bounds both that walk and the text held back.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
+use aho_corasick::automaton::Automaton;
+use aho_corasick::nfa::contiguous;
+use aho_corasick::{AhoCorasick, Anchored, MatchKind};
 use tokenizers::Tokenizer;
 
 use crate::{EngineError, Result};
@@ -36,6 +45,32 @@ const REPLACEMENT: char = '\u{FFFD}';
 /// long run of tokens that each end mid-character); it is then released as decoded, U+FFFD and
 /// all, to keep the window short.
 const MAX_UNDECIDED_TOKENS: usize = 32;
+
+/// The longest stop string a request may set, in bytes. Text that could be the start of a stop
+/// string is held back from the stream, so this also bounds how far the stream may lag.
+pub const MAX_STOP_BYTES: usize = 512;
+
+/// The most stop strings one sequence may have: far above OpenAI's 4, and small enough that the
+/// automata (a state per byte) are tiny.
+pub const MAX_STOP_STRINGS: usize = 32;
+
+/// Whether `stop` is within [`MAX_STOP_STRINGS`] strings of [`MAX_STOP_BYTES`] each; the reason
+/// when it is not.
+pub fn check_stop_strings(stop: &[String]) -> Result<()> {
+    if stop.len() > MAX_STOP_STRINGS {
+        return Err(EngineError::InvalidRequest(format!(
+            "at most {MAX_STOP_STRINGS} stop strings are allowed; got {}",
+            stop.len()
+        )));
+    }
+    match stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        Some(long) => Err(EngineError::InvalidRequest(format!(
+            "stop strings must be at most {MAX_STOP_BYTES} bytes long; got one of {}",
+            long.len()
+        ))),
+        None => Ok(()),
+    }
+}
 
 /// The text a token released, and whether generation must stop because a stop string appeared.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -61,7 +96,8 @@ pub struct TextStream {
     tokenizer: Arc<Tokenizer>,
     /// Ids that decoding skips; they never enter the window.
     special_ids: HashSet<u32>,
-    stop: Vec<String>,
+    /// `None` without stop strings.
+    stop: Option<StopSet>,
     /// The window: decoding context, then tokens not yet fully decided.
     ids: Vec<u32>,
     /// Where the undecided tokens start in `ids`.
@@ -79,7 +115,8 @@ pub struct TextStream {
 
 impl TextStream {
     /// A stream decoding with `tokenizer`, stopping at any of `stop` (empty strings are ignored:
-    /// they would match before any text).
+    /// they would match before any text). The stop strings are within [`MAX_STOP_STRINGS`] of
+    /// [`MAX_STOP_BYTES`] each ([`crate::ModelInfo::check`] refuses more).
     pub fn new(tokenizer: Arc<Tokenizer>, stop: Vec<String>) -> Self {
         let special_ids = tokenizer
             .get_added_tokens_decoder()
@@ -90,6 +127,7 @@ impl TextStream {
         let mut stop: Vec<String> = stop.into_iter().filter(|s| !s.is_empty()).collect();
         stop.sort();
         stop.dedup();
+        let stop = StopSet::new(stop);
         Self {
             tokenizer,
             special_ids,
@@ -218,26 +256,90 @@ impl TextStream {
 
     /// Where the earliest stop string in `text` starts.
     fn first_stop(&self, text: &str) -> Option<usize> {
-        self.stop
-            .iter()
-            .filter_map(|stop| text.find(stop.as_str()))
-            .min()
+        self.stop.as_ref()?.first(text)
     }
 
     /// Length in bytes of the longest suffix of `pending` that some stop string starts with.
     /// `pending` contains no whole stop string here, so only proper prefixes can match.
     fn stop_prefix_len(&self) -> usize {
-        let longest_stop = self.stop.iter().map(String::len).max().unwrap_or(0);
-        let min_start = self.pending.len().saturating_sub(longest_stop);
-        self.pending
-            .char_indices()
-            .map(|(start, _)| start)
-            .filter(|&start| start >= min_start)
-            .find(|&start| {
-                let suffix = &self.pending[start..];
-                self.stop.iter().any(|stop| stop.starts_with(suffix))
-            })
-            .map_or(0, |start| self.pending.len() - start)
+        self.stop
+            .as_ref()
+            .map_or(0, |stop| stop.open_suffix_len(&self.pending))
+    }
+}
+
+/// One sequence's stop strings, compiled.
+struct StopSet {
+    strings: Vec<String>,
+    /// Finds the match that starts first (leftmost-first semantics).
+    leftmost: AhoCorasick,
+    /// The same strings with standard semantics: after a walk over a text, its state stands for
+    /// the longest suffix of the text that is a prefix of some stop string (the classic
+    /// Aho-Corasick invariant, kept by following failure transitions).
+    prefixes: contiguous::NFA,
+    /// How many bytes of prefix each state stands for; the start state, absent, is 0.
+    depth: HashMap<usize, usize>,
+    longest: usize,
+}
+
+impl StopSet {
+    /// `None` for no stop strings.
+    ///
+    /// Building fails only past 2^31 states (a state per byte of the strings) and an unanchored
+    /// start always exists; bounded strings ([`check_stop_strings`]) stay far below that.
+    fn new(strings: Vec<String>) -> Option<Self> {
+        if strings.is_empty() {
+            return None;
+        }
+        let leftmost = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostFirst)
+            .build(&strings)
+            .expect("bounded stop strings compile");
+        let prefixes = contiguous::NFA::builder()
+            .match_kind(MatchKind::Standard)
+            .build(&strings)
+            .expect("bounded stop strings compile");
+        let start = prefixes
+            .start_state(Anchored::No)
+            .expect("an unanchored automaton has an unanchored start");
+        // Walking a stop string's first `n` bytes ends on the state of that very prefix: it is
+        // its own longest suffix that is a prefix.
+        let mut depth = HashMap::new();
+        for string in &strings {
+            let mut state = start;
+            for (n, &byte) in string.as_bytes().iter().enumerate() {
+                state = prefixes.next_state(Anchored::No, state, byte);
+                depth.insert(state.as_usize(), n + 1);
+            }
+        }
+        let longest = strings.iter().map(String::len).max().unwrap_or(0);
+        Some(Self {
+            strings,
+            leftmost,
+            prefixes,
+            depth,
+            longest,
+        })
+    }
+
+    /// Where the earliest stop string in `text` starts.
+    fn first(&self, text: &str) -> Option<usize> {
+        self.leftmost.find(text).map(|found| found.start())
+    }
+
+    /// Length of the longest suffix of `text` that is a prefix of some stop string. Only the
+    /// last `longest` bytes can hold one. Such a suffix starts with a stop string's first byte,
+    /// never a UTF-8 continuation byte, so it starts on a character boundary.
+    fn open_suffix_len(&self, text: &str) -> usize {
+        let tail = &text.as_bytes()[text.len().saturating_sub(self.longest)..];
+        let mut state = self
+            .prefixes
+            .start_state(Anchored::No)
+            .expect("an unanchored automaton has an unanchored start");
+        for &byte in tail {
+            state = self.prefixes.next_state(Anchored::No, state, byte);
+        }
+        self.depth.get(&state.as_usize()).copied().unwrap_or(0)
     }
 }
 
@@ -245,7 +347,7 @@ impl fmt::Debug for TextStream {
     // The tokenizer is left out: its vocabulary would swamp the output.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TextStream")
-            .field("stop", &self.stop)
+            .field("stop", &self.stop.as_ref().map(|stop| &stop.strings))
             .field("ids", &self.ids)
             .field("read_offset", &self.read_offset)
             .field("read_emitted", &self.read_emitted)
@@ -340,6 +442,62 @@ mod tests {
             }
         );
         assert_eq!(s.flush(), "");
+    }
+
+    #[test]
+    fn among_many_stops_the_one_starting_first_wins_across_tokens() {
+        let ids = encode("The capital of France is Paris, of course.");
+        // "France is P" spans three tokens and starts before "s Par", which ends first.
+        let mut s = stream(&["s Par", "zzz", "France is P", "course"]);
+        let (texts, stopped) = run(&mut s, &ids);
+        assert!(stopped.is_some());
+        assert_eq!(texts.concat(), "The capital of ");
+        assert_eq!(s.flush(), "");
+    }
+
+    #[test]
+    fn many_long_stop_strings_hold_back_only_a_possible_start() {
+        // The longest allowed strings, all sharing a long prefix with the text: each token's
+        // text stays held back while some string could still match, then goes out whole.
+        let text = "abc ".repeat(200);
+        let stops: Vec<String> = (0..MAX_STOP_STRINGS)
+            .map(|i| {
+                let mut stop = "abc ".repeat(MAX_STOP_BYTES / 4 - 1);
+                stop.push_str(&format!("{i:03}"));
+                stop.truncate(MAX_STOP_BYTES);
+                stop
+            })
+            .collect();
+        assert!(check_stop_strings(&stops).is_ok());
+        let mut s = TextStream::new(smollm2_tokenizer(), stops.clone());
+        let ids = encode(&text);
+        let (texts, stopped) = run(&mut s, &ids);
+        assert_eq!(stopped, None);
+        let released = texts.concat();
+        // Held back: the longest suffix that is still a prefix of a stop string.
+        let held = s.pending.len();
+        assert!(held < MAX_STOP_BYTES && held > MAX_STOP_BYTES - 8, "{held}");
+        assert_eq!(released.len() + held, text.len());
+        assert_eq!(released + &s.flush(), text);
+
+        // One of them, completed, stops the stream right before it.
+        let mut s = TextStream::new(smollm2_tokenizer(), stops.clone());
+        let stopping = format!("xyz {}", stops[7]);
+        let (texts, stopped) = run(&mut s, &encode(&format!("{stopping} tail")));
+        assert!(stopped.is_some());
+        assert_eq!(texts.concat(), "xyz ");
+    }
+
+    #[test]
+    fn stop_strings_are_bounded_in_number_and_length() {
+        let long = vec!["x".repeat(MAX_STOP_BYTES + 1)];
+        assert!(matches!(
+            check_stop_strings(&long),
+            Err(EngineError::InvalidRequest(m)) if m.contains("bytes")
+        ));
+        let many = vec!["x".to_string(); MAX_STOP_STRINGS + 1];
+        assert!(check_stop_strings(&many).is_err());
+        assert!(check_stop_strings(&["x".repeat(MAX_STOP_BYTES)]).is_ok());
     }
 
     #[test]
@@ -559,6 +717,44 @@ mod tests {
             // A trailing U+FFFD is held as a possibly partial character until the end, so a
             // stop string ending in one can only be found by `flush`.
             prop_assert!(stopped.is_some() || stop.ends_with(REPLACEMENT));
+        }
+
+        #[test]
+        fn several_stops_end_the_output_at_the_first_one_complete(
+            text in text_strategy(),
+            picks in prop::collection::vec((any::<prop::sample::Index>(), 1usize..8), 1..6),
+            others in prop::collection::vec(text_strategy(), 0..3),
+        ) {
+            let ids = encode(&text);
+            let tokenizer = smollm2_tokenizer();
+            let decoded = tokenizer.decode(&ids, true).unwrap();
+            let chars: Vec<(usize, char)> = decoded.char_indices().collect();
+            prop_assume!(!chars.is_empty() && !decoded.contains(REPLACEMENT));
+            let mut stops: Vec<String> = picks
+                .iter()
+                .map(|(start, len)| {
+                    let from = start.index(chars.len());
+                    let to = chars.get(from + len).map_or(decoded.len(), |&(at, _)| at);
+                    decoded[chars[from].0..to].to_string()
+                })
+                .collect();
+            stops.extend(others.into_iter().filter(|o| !o.is_empty()));
+            // A plain search, token by token: the answer ends at the first token after which the
+            // text holds a stop string, before the earliest one it holds then (a later token
+            // cannot move the end back to a longer stop string that starts earlier).
+            let expected = (1..=ids.len())
+                .find_map(|k| {
+                    let seen = tokenizer.decode(&ids[..k], true).unwrap();
+                    // A character still incomplete shows as U+FFFD, which `decoded` lacks.
+                    let seen = seen.trim_end_matches(REPLACEMENT);
+                    let first = stops.iter().filter_map(|stop| seen.find(stop.as_str())).min()?;
+                    Some(seen[..first].to_string())
+                })
+                .unwrap_or(decoded.clone());
+
+            let mut s = TextStream::new(smollm2_tokenizer(), stops);
+            let (texts, _) = run(&mut s, &ids);
+            prop_assert_eq!(texts.concat() + &s.flush(), expected);
         }
     }
 }

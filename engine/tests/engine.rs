@@ -37,23 +37,27 @@ fn prompts(engine: &EngineHandle) -> Vec<Vec<u32>> {
         .iter()
         .enumerate()
         .map(|(i, topic)| {
-            let tokens = if i == 0 {
+            if i == 0 {
                 // A bare prompt of a few tokens, no template.
-                format!("Tell me about {topic}")
+                tokenizer
+                    .encode(format!("Tell me about {topic}"), false)
+                    .unwrap()
+                    .get_ids()
+                    .to_vec()
             } else {
                 let context = "Here is some background you may use. ".repeat(i * 3);
                 engine
-                    .render_chat(&[ChatMessage::new(
-                        "user",
-                        format!("{context}Tell me about {topic}."),
-                    )])
+                    .model()
+                    .encode_chat(
+                        &[ChatMessage::new(
+                            "user",
+                            format!("{context}Tell me about {topic}."),
+                        )],
+                        true,
+                    )
                     .unwrap()
-            };
-            tokenizer
-                .encode(tokens.as_str(), false)
-                .unwrap()
-                .get_ids()
-                .to_vec()
+                    .tokens
+            }
         })
         .collect()
 }
@@ -166,17 +170,22 @@ fn stop_string_spanning_two_tokens_ends_generation_unseen() {
     let _serial = serial();
     let engine = EngineHandle::start(&config(64)).unwrap();
     let prompt = engine
-        .render_chat(&[ChatMessage::new(
-            "user",
-            "Write two sentences about the sea.",
-        )])
-        .unwrap();
+        .model()
+        .encode_chat(
+            &[ChatMessage::new(
+                "user",
+                "Write two sentences about the sea.",
+            )],
+            true,
+        )
+        .unwrap()
+        .tokens;
     let free = collect(
         engine
             .submit(GenerateRequest {
                 sampling: SamplingParams::greedy(),
                 max_tokens: 40,
-                ..GenerateRequest::new(Prompt::Text(prompt.clone()))
+                ..GenerateRequest::new(Prompt::Tokens(prompt.clone()))
             })
             .unwrap(),
     );
@@ -198,7 +207,7 @@ fn stop_string_spanning_two_tokens_ends_generation_unseen() {
                 sampling: SamplingParams::greedy(),
                 max_tokens: 40,
                 stop: vec![stop.clone()],
-                ..GenerateRequest::new(Prompt::Text(prompt))
+                ..GenerateRequest::new(Prompt::Tokens(prompt))
             })
             .unwrap(),
     );
@@ -223,14 +232,16 @@ fn max_tokens_and_eos_finish_with_the_right_reason() {
     let _serial = serial();
     let engine = EngineHandle::start(&config(64)).unwrap();
     let prompt = engine
-        .render_chat(&[ChatMessage::new("user", "Say hello.")])
-        .unwrap();
+        .model()
+        .encode_chat(&[ChatMessage::new("user", "Say hello.")], true)
+        .unwrap()
+        .tokens;
     let short = collect(
         engine
             .submit(GenerateRequest {
                 sampling: SamplingParams::greedy(),
                 max_tokens: 3,
-                ..GenerateRequest::new(Prompt::Text(prompt.clone()))
+                ..GenerateRequest::new(Prompt::Tokens(prompt.clone()))
             })
             .unwrap(),
     );
@@ -241,7 +252,7 @@ fn max_tokens_and_eos_finish_with_the_right_reason() {
             .submit(GenerateRequest {
                 sampling: SamplingParams::greedy(),
                 max_tokens: 200,
-                ..GenerateRequest::new(Prompt::Text(prompt))
+                ..GenerateRequest::new(Prompt::Tokens(prompt))
             })
             .unwrap(),
     );
@@ -341,11 +352,16 @@ fn json_mode_produces_a_json_object() {
     let _serial = serial();
     let engine = EngineHandle::start(&config(64)).unwrap();
     let prompt = engine
-        .render_chat(&[ChatMessage::new(
-            "user",
-            "Describe a cat as JSON with the keys name, age and colour.",
-        )])
-        .unwrap();
+        .model()
+        .encode_chat(
+            &[ChatMessage::new(
+                "user",
+                "Describe a cat as JSON with the keys name, age and colour.",
+            )],
+            true,
+        )
+        .unwrap()
+        .tokens;
     for sampling in [
         SamplingParams::greedy(),
         SamplingParams {
@@ -360,7 +376,7 @@ fn json_mode_produces_a_json_object() {
                     sampling,
                     max_tokens: 300,
                     response_format: engine::ResponseFormat::JsonObject,
-                    ..GenerateRequest::new(Prompt::Text(prompt.clone()))
+                    ..GenerateRequest::new(Prompt::Tokens(prompt.clone()))
                 })
                 .unwrap(),
         );
@@ -536,14 +552,16 @@ fn a_reader_that_stops_reading_ends_its_request_and_frees_its_blocks() {
     })
     .unwrap();
     let prompt = engine
-        .render_chat(&[ChatMessage::new("user", "Count from one to a thousand.")])
-        .unwrap();
+        .model()
+        .encode_chat(&[ChatMessage::new("user", "Count from one to a thousand.")], true)
+        .unwrap()
+        .tokens;
     let stream = engine
         .submit(GenerateRequest {
             sampling: SamplingParams::greedy(),
             max_tokens: 500,
             ignore_eos: true,
-            ..GenerateRequest::new(Prompt::Text(prompt))
+            ..GenerateRequest::new(Prompt::Tokens(prompt))
         })
         .unwrap();
     // Nothing is read: the engine must give up on the request by itself.

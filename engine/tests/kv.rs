@@ -32,19 +32,17 @@ fn system_prompt(agent: &str, sentences: usize) -> String {
 }
 
 fn chat_tokens(engine: &EngineHandle, system: &str, user: &str) -> Vec<u32> {
-    let text = engine
-        .render_chat(&[
-            ChatMessage::new("system", system),
-            ChatMessage::new("user", user),
-        ])
-        .unwrap();
     engine
         .model()
-        .tokenizer
-        .encode(text.as_str(), false)
+        .encode_chat(
+            &[
+                ChatMessage::new("system", system),
+                ChatMessage::new("user", user),
+            ],
+            true,
+        )
         .unwrap()
-        .get_ids()
-        .to_vec()
+        .tokens
 }
 
 fn run(engine: &EngineHandle, prompt: &[u32], max_tokens: usize) -> Outcome {

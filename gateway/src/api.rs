@@ -32,7 +32,10 @@ use utoipa::ToSchema;
 pub struct GenerationOptions {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
-    /// Most tokens to generate (chat also takes `max_completion_tokens`, which wins).
+    /// Most tokens to generate (chat also takes `max_completion_tokens`, which wins). Without
+    /// it, a text completion generates at most 16 tokens (OpenAI's default) and a chat answer
+    /// what the server's `--default-max-tokens` allows, else the room the context leaves. Above
+    /// the server's `--max-tokens-limit`: 400.
     #[schema(minimum = 1)]
     pub max_tokens: Option<i64>,
     #[schema(minimum = 0, maximum = 2)]

@@ -182,6 +182,16 @@ pub struct ServeConfig {
         default_value_t = 2000
     )]
     pub grammar_compile_timeout_ms: u64,
+    /// Most tokens one answer may ask for (`max_tokens`, `max_completion_tokens`,
+    /// `max_output_tokens`), on every route and for every key; more is a 400 naming the field.
+    /// Unset: only the context bounds it.
+    #[arg(long, env = "SWARMGATE_MAX_TOKENS_LIMIT")]
+    pub max_tokens_limit: Option<usize>,
+    /// Tokens a chat answer may take when the request names no `max_tokens` (within
+    /// `--max-tokens-limit`). Unset: all the room the context leaves. Text completions default
+    /// to 16, as OpenAI's do.
+    #[arg(long, env = "SWARMGATE_DEFAULT_MAX_TOKENS")]
+    pub default_max_tokens: Option<usize>,
     #[command(flatten)]
     pub engine: EngineConfig,
     #[command(flatten)]
@@ -233,6 +243,8 @@ impl Default for ServeConfig {
             max_schema_bytes: 65536,
             max_schema_depth: 32,
             grammar_compile_timeout_ms: 2000,
+            max_tokens_limit: None,
+            default_max_tokens: None,
             engine: EngineConfig::default(),
             embedding: EmbedderConfig::default(),
         }
@@ -404,6 +416,16 @@ impl ServeConfig {
         if self.grammar_compile_timeout_ms == 0 {
             return Err("--grammar-compile-timeout-ms must be positive".into());
         }
+        if self.max_tokens_limit == Some(0) || self.default_max_tokens == Some(0) {
+            return Err("--max-tokens-limit and --default-max-tokens must be positive".into());
+        }
+        if let (Some(default), Some(limit)) = (self.default_max_tokens, self.max_tokens_limit) {
+            if default > limit {
+                return Err(format!(
+                    "--default-max-tokens ({default}) must not exceed --max-tokens-limit ({limit})"
+                ));
+            }
+        }
         for (flag, secs) in [
             ("--first-token-timeout-secs", self.first_token_timeout_secs),
             ("--request-timeout-secs", self.request_timeout_secs),
@@ -429,6 +451,10 @@ impl ServeConfig {
     /// The bounds on structured outputs and tools.
     pub fn structured_limits(&self) -> crate::validate::structured::StructuredLimits {
         crate::validate::structured::StructuredLimits {
+            max_tokens: crate::validate::MaxTokens {
+                limit: self.max_tokens_limit,
+                chat_default: self.default_max_tokens,
+            },
             max_tools: self.max_tools,
             max_schema_bytes: self.max_schema_bytes,
             max_schema_depth: self.max_schema_depth,
@@ -541,6 +567,10 @@ mod tests {
             "sk-two",
             "--first-token-timeout-secs",
             "0.5",
+            "--max-tokens-limit",
+            "512",
+            "--default-max-tokens",
+            "256",
         ])
         .unwrap()
         .serve;
@@ -550,6 +580,13 @@ mod tests {
         assert_eq!(cli.engine.kv_cache_mb, 64);
         assert_eq!(cli.api_keys.len(), 2);
         assert_eq!(cli.timeouts().first_token, Duration::from_millis(500));
+        assert_eq!(
+            cli.structured_limits().max_tokens,
+            crate::validate::MaxTokens {
+                limit: Some(512),
+                chat_default: Some(256),
+            }
+        );
     }
 
     #[test]
@@ -606,6 +643,17 @@ mod tests {
             ..default()
         })
         .contains("--max-concurrent-requests"));
+        assert!(invalid(ServeConfig {
+            max_tokens_limit: Some(0),
+            ..default()
+        })
+        .contains("--max-tokens-limit"));
+        assert!(invalid(ServeConfig {
+            max_tokens_limit: Some(100),
+            default_max_tokens: Some(101),
+            ..default()
+        })
+        .contains("--default-max-tokens (101)"));
         for secs in [0.0, -1.0, f64::NAN, f64::INFINITY] {
             assert!(invalid(ServeConfig {
                 request_timeout_secs: secs,

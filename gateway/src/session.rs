@@ -517,8 +517,7 @@ mod tests {
         assert_eq!(sent[1].role, "user", "whole turns go");
         assert!(sent[sent.len() - 3].content.starts_with("9 "), "the newest turns stay");
         assert!(sent.len() < 2 + 2 * 10, "old turns went: {}", sent.len());
-        let prompt = model.render_chat(&sent).unwrap();
-        let tokens = model.tokenizer.encode(prompt, false).unwrap().len();
+        let tokens = model.encode_chat(&sent, true).unwrap().tokens.len();
         assert!(tokens + 100 <= window, "{tokens} tokens leave no room in {window}");
     }
 

@@ -512,6 +512,48 @@ async fn completions_echo_and_report_legacy_logprobs() {
 }
 
 #[tokio::test]
+async fn completions_without_max_tokens_stop_at_16_and_the_operator_caps_every_route() {
+    let _engine = generating().await;
+    let body = json!({"model": MODEL_ID, "prompt": "Once upon a time", "ignore_eos": true});
+    let (status, _, answer) = call(state(), post_to("/v1/completions", body)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["usage"]["completion_tokens"], 16, "{answer}");
+    assert_eq!(answer["choices"][0]["finish_reason"], "length");
+
+    let config = gateway::config::ServeConfig {
+        max_tokens_limit: Some(8),
+        default_max_tokens: Some(3),
+        ..Default::default()
+    };
+    let capped = || AppState::configured(engine().clone(), &config);
+    let (status, _, answer) = call(
+        capped(),
+        post(chat(json!({"ignore_eos": true})).to_string()),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::BAD_REQUEST,
+        "max_tokens 40 is over the limit"
+    );
+    assert_envelope(&answer, "invalid_request_error", Some("max_tokens"));
+    let mut unbounded = chat(json!({"ignore_eos": true}));
+    unbounded.as_object_mut().unwrap().remove("max_tokens");
+    let (status, _, answer) = call(capped(), post(unbounded.to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["usage"]["completion_tokens"], 3, "the chat default");
+    let over = json!({"model": MODEL_ID, "prompt": "a", "max_tokens": 9});
+    let (status, _, answer) = call(capped(), post_to("/v1/completions", over)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_envelope(&answer, "invalid_request_error", Some("max_tokens"));
+    let over = json!({"model": MODEL_ID, "input": "Hi", "max_output_tokens": 9});
+    let (status, _, answer) = call(capped(), post_to("/v1/responses", over)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_envelope(&answer, "invalid_request_error", Some("max_output_tokens"));
+    wait_until_idle().await;
+}
+
+#[tokio::test]
 async fn completions_stream_every_choice_then_usage() {
     let _engine = generating().await;
     let addr = support::serve(state()).await;

@@ -49,8 +49,9 @@ pub struct VerifierConfig {
     /// Answers of fewer words are never called repetitive: a short answer has too few n-grams
     /// to measure.
     pub min_repetition_words: usize,
-    /// Characters of the answer the judge reads; the rest is cut, so a long answer cannot push
-    /// the judge's prompt past the context window.
+    /// Characters of the question, and of the answer, the judge reads; the rest is cut, so a
+    /// long text can neither push the judge's prompt past the context window nor make its
+    /// encoding long work.
     pub judge_answer_chars: usize,
 }
 
@@ -186,7 +187,9 @@ impl Verifier {
         &self.config
     }
 
-    /// Runs `checks` on `candidate`: the deterministic ones, then relevance when `similarity`
+    /// Runs `checks` on `candidate`: the deterministic ones, whose failures the caller passes
+    /// as `failures` (what [`Verifier::check`] gave for this candidate: they read the whole
+    /// answer, so callers run them off the async threads), then relevance when `similarity`
     /// (the question's and answer's cosine) is given and `checks.relevance` asks for it, then
     /// the judge when `checks.judge` asks for it. Stops at the first kind that fails.
     pub async fn verify(
@@ -194,9 +197,10 @@ impl Verifier {
         engine: &dyn Generate,
         candidate: &Candidate<'_>,
         checks: &VerifierChecks,
+        failures: Vec<String>,
         similarity: Option<f32>,
     ) -> Result<Verdict> {
-        let mut reasons = self.check(candidate, checks);
+        let mut reasons = failures;
         if reasons.is_empty() && checks.relevance {
             if let Some(similarity) = similarity {
                 reasons.extend(self.relevance(similarity));
@@ -264,10 +268,8 @@ impl Verifier {
                 "the model's tokenizer has no single token for yes or no".into(),
             ));
         }
-        let answer = match answer.char_indices().nth(self.config.judge_answer_chars) {
-            Some((cut, _)) => &answer[..cut],
-            None => answer,
-        };
+        let chars = self.config.judge_answer_chars;
+        let (question, answer) = (head(question, chars), head(answer, chars));
         let messages = [
             ChatMessage::new("system", self.system_prompt.as_str()),
             ChatMessage::new(
@@ -278,7 +280,10 @@ impl Verifier {
                 ),
             ),
         ];
-        let prompt = engine.render_chat(&messages)?;
+        // The question and the answer are content: a control token in either stays text, so an
+        // answer cannot close the user's turn and write the judge's verdict itself. Both are cut
+        // to `judge_answer_chars`, so encoding them is short work even on an I/O thread.
+        let prompt = engine.model().encode_chat(&messages, true)?.tokens;
         let mut score_tokens = self.yes.clone();
         score_tokens.extend(&self.no);
         // The engine gives the judge the priority of the request it serves.
@@ -287,7 +292,7 @@ impl Verifier {
                 sampling: SamplingParams::greedy(),
                 max_tokens: 1,
                 score_tokens,
-                ..GenerateRequest::new(Prompt::Text(prompt))
+                ..GenerateRequest::new(Prompt::Tokens(prompt))
             })
             .await?;
         let mut score = None;
@@ -314,6 +319,14 @@ impl Verifier {
             }
         }
         Err(RouterError::Judge("the engine dropped the judge".into()))
+    }
+}
+
+/// The first `chars` characters of `text`.
+fn head(text: &str, chars: usize) -> &str {
+    match text.char_indices().nth(chars) {
+        Some((end, _)) => &text[..end],
+        None => text,
     }
 }
 

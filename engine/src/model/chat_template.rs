@@ -6,8 +6,16 @@
 //! methods (`.strip()`, `.startswith()`...) through minijinja-contrib's pycompat, loop controls,
 //! and a `raise_exception(message)` function whose message becomes the render error.
 //!
-//! The output is text, not tokens: control tokens such as `<|im_start|>` appear literally and are
-//! turned into their ids by the tokenizer, which registers them as special tokens.
+//! The output is text, not tokens: control tokens such as `<|im_start|>` appear literally.
+//! [`ChatTemplate::render_segments`] also says which bytes of that text the template wrote and
+//! which came from messages' contents, so that only the template's own markup becomes control
+//! tokens (see [`super::chat_prompt`]). It renders twice, once with each content replaced by a
+//! placeholder, and trusts the split only when putting the contents back into the placeholders
+//! gives exactly the real rendering: a template that inspects or transforms a content (`trim`,
+//! `startswith`, a length) renders differently around a placeholder, and is reported as not
+//! segmentable rather than split wrongly.
+
+use std::ops::Range;
 
 use candle_core::quantized::gguf_file::{Content, Value};
 use minijinja::{context, Environment, Error, ErrorKind};
@@ -17,6 +25,21 @@ use crate::{EngineError, Result};
 
 /// The name the one compiled template is stored under in the environment.
 const TEMPLATE_NAME: &str = "chat_template";
+
+/// Brackets of the placeholder that stands for message `i`'s content while segmenting: two
+/// private-use characters around the index, which no template writes and no control token holds.
+const PLACEHOLDER_OPEN: char = '\u{E000}';
+const PLACEHOLDER_CLOSE: char = '\u{E001}';
+
+/// A rendered prompt, and which of its bytes came from messages' contents.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderedChat {
+    pub text: String,
+    /// The byte ranges of `text` that are message content, in order and disjoint; everything
+    /// else is the template's markup. `None` when the template does not pass contents through
+    /// verbatim, so the split is unknown.
+    pub contents: Option<Vec<Range<usize>>>,
+}
 
 /// One turn of a conversation, as the template sees it (`message['role']`,
 /// `message['content']`).
@@ -92,6 +115,37 @@ impl ChatTemplate {
             .map_err(|e| template_error(e.to_string()))
     }
 
+    /// [`render`](Self::render), with the byte ranges that messages' contents fill (see the
+    /// module docs). Empty contents get no placeholder: they add no bytes, and templates often
+    /// test a content for emptiness.
+    pub fn render_segments(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<RenderedChat> {
+        let text = self.render(messages, add_generation_prompt)?;
+        let placeholders: Vec<ChatMessage> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| ChatMessage {
+                role: m.role.clone(),
+                content: if m.content.is_empty() {
+                    String::new()
+                } else {
+                    format!("{PLACEHOLDER_OPEN}{i}{PLACEHOLDER_CLOSE}")
+                },
+            })
+            .collect();
+        // A template may refuse a placeholder where it accepts the real content.
+        let contents = self
+            .render(&placeholders, add_generation_prompt)
+            .ok()
+            .and_then(|skeleton| fill(&skeleton, messages))
+            .filter(|(filled, _)| *filled == text)
+            .map(|(_, ranges)| ranges);
+        Ok(RenderedChat { text, contents })
+    }
+
     /// The text of the beginning-of-sequence token (empty when the model has none).
     pub fn bos_token(&self) -> &str {
         &self.bos_token
@@ -101,6 +155,26 @@ impl ChatTemplate {
     pub fn eos_token(&self) -> &str {
         &self.eos_token
     }
+}
+
+/// `skeleton` with every placeholder replaced by its message's content, and the ranges the
+/// contents took; `None` when a placeholder is malformed or names no message.
+fn fill(skeleton: &str, messages: &[ChatMessage]) -> Option<(String, Vec<Range<usize>>)> {
+    let mut text = String::with_capacity(skeleton.len());
+    let mut ranges = Vec::new();
+    let mut rest = skeleton;
+    while let Some(open) = rest.find(PLACEHOLDER_OPEN) {
+        text.push_str(&rest[..open]);
+        let after = &rest[open + PLACEHOLDER_OPEN.len_utf8()..];
+        let close = after.find(PLACEHOLDER_CLOSE)?;
+        let index: usize = after[..close].parse().ok()?;
+        let content = &messages.get(index)?.content;
+        ranges.push(text.len()..text.len() + content.len());
+        text.push_str(content);
+        rest = &after[close + PLACEHOLDER_CLOSE.len_utf8()..];
+    }
+    text.push_str(rest);
+    Some((text, ranges))
 }
 
 /// Templates call this to reject conversations they cannot format (e.g. roles that do not

@@ -1,12 +1,13 @@
 //! Everything read from a model file: the llama forward over a ragged batch and its kernels, and
-//! the text side (tokenizer, chat template) built from GGUF metadata alone, so that no
-//! `tokenizer.json` has to sit beside it. Apart from those, [`bert`] is the sentence-embedding
+//! the text side (tokenizer, chat template, chat prompts as ids) built from GGUF metadata alone,
+//! so that no `tokenizer.json` has to sit beside it. Apart from those, [`bert`] is the sentence-embedding
 //! model, read from a sentence-transformers directory, with its f32 encoder (`bert_encoder`)
 //! and that encoder's dense products (`dense`).
 
 pub mod attention;
 pub mod bert;
 mod bert_encoder;
+pub mod chat_prompt;
 pub mod chat_template;
 mod dense;
 pub mod gguf;

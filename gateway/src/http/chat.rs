@@ -41,7 +41,7 @@ use crate::openapi::GenerationErrors;
 use crate::session::Echo;
 use crate::tool_calls::{self, EnvelopeReader, Piece};
 use crate::validate::structured::{self, Reply};
-use crate::validate::{validate_chat, ValidChatRequest};
+use crate::validate::{off_io, validate_chat, ValidChatRequest};
 
 /// What an engine stream that ends without its final event tells the client.
 pub(crate) const LOST_STREAM: &str = "the engine ended the request without finishing it";
@@ -83,6 +83,7 @@ pub async fn create(
     }
     let model_info = state.model();
     let limits = state.structured_limits();
+    let validating = state.clone();
     let ValidChatRequest {
         model,
         prompt_tokens,
@@ -93,7 +94,8 @@ pub async fn create(
         logprobs,
         structured,
         ..
-    } = validate_chat(request, model_info, limits)?;
+    } = off_io(move || validate_chat(request, validating.model(), validating.structured_limits()))
+        .await?;
     let warnings = structured::compile(model_info, &structured, limits).await?;
     let choices = Choices::submit(&state, &admission, vec![(prompt_tokens, generate)], n).await?;
     let answer = Answer {

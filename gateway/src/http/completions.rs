@@ -28,6 +28,7 @@ use crate::limits::Admission;
 use crate::logprobs::Legacy;
 use crate::openapi::GenerationErrors;
 use crate::validate::completion::{validate_completion, ValidCompletionRequest};
+use crate::validate::off_io;
 
 /// Completes a text prompt (the legacy completions API).
 #[utoipa::path(post, path = "/v1/completions", tag = "generation",
@@ -45,6 +46,7 @@ pub async fn create(
     ApiJson(request): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let model_info = state.model();
+    let validating = state.clone();
     let ValidCompletionRequest {
         model,
         prompts,
@@ -53,7 +55,14 @@ pub async fn create(
         include_usage,
         echo,
         logprobs,
-    } = validate_completion(request, model_info)?;
+    } = off_io(move || {
+        validate_completion(
+            request,
+            validating.model(),
+            &validating.structured_limits().max_tokens,
+        )
+    })
+    .await?;
     let echoed: Vec<String> = prompts
         .iter()
         .map(|p| if echo { p.text.clone() } else { String::new() })

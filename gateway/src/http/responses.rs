@@ -56,7 +56,7 @@ use crate::limits::Admission;
 use crate::openapi::{GenerationErrors, StoredErrors};
 use crate::state::{HistoryLimit, StateStore};
 use crate::validate::structured;
-use crate::validate::validate_chat;
+use crate::validate::{off_io, validate_chat};
 use output::{ended, failure, item_id, Batch, EventFormat, Output};
 
 /// Creates a model response.
@@ -94,7 +94,11 @@ pub async fn create(
 
     let model_info = state.model();
     let limits = state.structured_limits();
-    let valid = validate_chat(chat, model_info, limits).map_err(input::renamed)?;
+    let validating = state.clone();
+    let valid =
+        off_io(move || validate_chat(chat, validating.model(), validating.structured_limits()))
+            .await
+            .map_err(input::renamed)?;
     let warnings: Vec<String> = structured::compile(model_info, &valid.structured, limits)
         .await
         .map_err(input::renamed)?

@@ -343,15 +343,19 @@ async fn follow(
 }
 
 /// What every prompt of `agent` starts with: its system prompt alone, rendered by `model`'s chat
-/// template (no generation header). Chat requests answered by the agent put this system message
-/// first, so their token ids begin with this text's, and a pin of it keeps that prefix warm.
-/// `None` for an agent without a system prompt.
-pub fn system_prefix(model: &ModelInfo, agent: &AgentSpec) -> Option<engine::Result<String>> {
+/// template (no generation header) and encoded as chat requests are. Chat requests answered by
+/// the agent put this system message first, so their token ids begin with these, and a pin of
+/// them keeps that prefix warm. `None` for an agent without a system prompt.
+pub fn system_prefix(model: &ModelInfo, agent: &AgentSpec) -> Option<engine::Result<Vec<u32>>> {
     if agent.system_prompt.trim().is_empty() {
         return None;
     }
     let system = [ChatMessage::new("system", agent.system_prompt.as_str())];
-    Some(model.chat_template.render(&system, false))
+    Some(
+        model
+            .encode_chat(&system, false)
+            .map(|prompt| prompt.tokens),
+    )
 }
 
 /// Chooses the agent that would answer a conversation, without generating.

@@ -19,6 +19,7 @@ use crate::http::embeddings::Embeddings;
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
 use crate::openapi::GenerationErrors;
+use crate::validate::off_io;
 use crate::validate::verify::{validate_verify, ValidVerifyRequest};
 
 /// Checks an answer: deterministic checks, relevance by embeddings, and the verifier agent's
@@ -42,6 +43,8 @@ pub async fn verify(
         finish_reason,
         checks,
     } = validate_verify(request)?;
+    let (question, answer, failures) =
+        deterministic(&state, question, answer, finish_reason, &checks).await?;
     let candidate = Candidate {
         question: &question,
         answer: &answer,
@@ -51,13 +54,13 @@ pub async fn verify(
     let seats = admission.reserve(&state, 1).await?;
     let engine = admission.engine(&state, &seats, verifier.agent());
     let relevance = match state.embeddings() {
-        Some(embeddings) if wants_relevance(verifier.check(&candidate, &checks), &checks) => {
+        Some(embeddings) if checks.relevance && failures.is_empty() => {
             Some(similarity(embeddings, &question, &answer).await?.0)
         }
         _ => None,
     };
     let verdict = verifier
-        .verify(&engine, &candidate, &checks, relevance)
+        .verify(&engine, &candidate, &checks, failures, relevance)
         .await
         .map_err(|e| engine.explain(e))?;
     Ok(Json(VerifyResponse {
@@ -68,9 +71,28 @@ pub async fn verify(
     }))
 }
 
-/// Relevance is measured only when asked for and when the cheap checks have not already failed.
-fn wants_relevance(cheap_failures: Vec<String>, checks: &VerifierChecks) -> bool {
-    checks.relevance && cheap_failures.is_empty()
+/// The verifier's deterministic checks of `answer` (repetition, JSON, language, regex), on the
+/// blocking pool: they read the whole answer, which a client may make megabytes long. Hands the
+/// texts back with the failures' reasons. Relevance is measured only when these pass.
+pub(crate) async fn deterministic(
+    state: &AppState,
+    question: String,
+    answer: String,
+    finish_reason: Option<engine::FinishReason>,
+    checks: &VerifierChecks,
+) -> Result<(String, String, Vec<String>), ApiError> {
+    let state = state.clone();
+    let checks = checks.clone();
+    off_io(move || {
+        let candidate = Candidate {
+            question: &question,
+            answer: &answer,
+            finish_reason,
+        };
+        let failures = state.verifier().check(&candidate, &checks);
+        Ok((question, answer, failures))
+    })
+    .await
 }
 
 /// Sentences of the answer compared with the question, besides the whole answer.

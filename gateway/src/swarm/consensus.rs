@@ -126,7 +126,7 @@ impl Consensus {
         let agents = self.agents.unwrap_or_else(|| vec![routed; self.n]);
         let mut prepared = Vec::with_capacity(agents.len());
         for (j, agent) in agents.iter().enumerate() {
-            let mut valid = run.prepare(agent, request, &[])?;
+            let mut valid = run.prepare(agent, request, &[]).await?;
             if let Some(seed) = &mut valid.generate.sampling.seed {
                 *seed = seed.wrapping_add(j as u64);
             }

@@ -46,7 +46,7 @@ use crate::limits::{Admission, AdmittedEngine, Seats};
 use crate::session::Turn;
 use crate::validate::structured;
 use crate::validate::swarm::validate_route;
-use crate::validate::{validate_chat, ValidChatRequest};
+use crate::validate::{off_io, validate_chat, ValidChatRequest};
 
 use consensus::Consensus;
 
@@ -104,7 +104,7 @@ pub async fn create(
     policy.checks.json |= wants_json(&request);
     // Tool calls and schema answers are valid by construction: no prose for the verifier to
     // judge, and nothing a retry could fix.
-    let reply = run.prepare(&agent, &request, &[])?.structured;
+    let reply = run.prepare(&agent, &request, &[]).await?.structured;
     if reply.format != engine::ResponseFormat::Text {
         policy.enabled = false;
     }
@@ -115,7 +115,7 @@ pub async fn create(
         return respond::whole(run, report, outcome, stream, &request, reply);
     }
     if stream && (!policy.enabled || policy.stream_mode == router::StreamMode::Provisional) {
-        let valid = run.prepare(&agent, &request, &[])?;
+        let valid = run.prepare(&agent, &request, &[]).await?;
         let events = run.submit(&agent, &valid).await?;
         let include_usage = respond::include_usage(&request);
         let live = respond::Live {
@@ -254,7 +254,7 @@ impl Run {
 
     /// `request` as `agent` runs it, followed by `extra` turns: the agent's system prompt first,
     /// its sampling defaults where the request set nothing, validated for the served model.
-    pub fn prepare(
+    pub async fn prepare(
         &self,
         agent: &AgentSpec,
         request: &ChatCompletionRequest,
@@ -296,7 +296,8 @@ impl Run {
         if options.stop.is_none() {
             options.stop = defaults.stop.clone().map(Stop::Many);
         }
-        validate_chat(request, model, self.state.structured_limits())
+        let state = self.state.clone();
+        off_io(move || validate_chat(request, state.model(), state.structured_limits())).await
     }
 
     /// Submits `valid` as `agent`'s generation: charged to the agent's budget and the caller's,
@@ -395,19 +396,27 @@ impl Run {
         answer: &Generated,
         attempt: u32,
     ) -> Result<Verdict, String> {
+        let finish_reason =
+            (answer.finish_reason == api::FinishReason::Length).then_some(FinishReason::Length);
+        let (question, text, failures) = crate::http::verify::deterministic(
+            &self.state,
+            self.question.clone(),
+            answer.text.clone(),
+            finish_reason,
+            checks,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
         let candidate = router::Candidate {
-            question: &self.question,
-            answer: &answer.text,
-            finish_reason: (answer.finish_reason == api::FinishReason::Length)
-                .then_some(FinishReason::Length),
+            question: &question,
+            answer: &text,
+            finish_reason,
         };
         let verifier = self.state.verifier();
         let engine = self.engine(verifier.agent());
         let mut embedded = 0;
         let relevance = match self.state.embeddings() {
-            Some(embeddings)
-                if checks.relevance && verifier.check(&candidate, checks).is_empty() =>
-            {
+            Some(embeddings) if checks.relevance && failures.is_empty() => {
                 let (similarity, tokens) =
                     crate::http::verify::similarity(embeddings, &self.question, &answer.text)
                         .await
@@ -418,7 +427,7 @@ impl Run {
             _ => None,
         };
         let verdict = verifier
-            .verify(&engine, &candidate, checks, relevance)
+            .verify(&engine, &candidate, checks, failures, relevance)
             .await
             .map_err(|e| engine.explain(e).to_string())?;
         let mut usage = verdict.usage;
@@ -444,15 +453,18 @@ impl Run {
         let mut attempt = 1;
         let mut last: Option<(Generated, VerdictReport)> = None;
         loop {
-            let prepared = self.prepare(&agent, request, &extra).map(|mut valid| {
-                if json_retry {
-                    valid.generate.response_format = engine::ResponseFormat::JsonObject;
-                }
-                if let Some(seed) = &mut valid.generate.sampling.seed {
-                    *seed = seed.wrapping_add(u64::from(attempt - 1));
-                }
-                valid
-            });
+            let prepared = self
+                .prepare(&agent, request, &extra)
+                .await
+                .map(|mut valid| {
+                    if json_retry {
+                        valid.generate.response_format = engine::ResponseFormat::JsonObject;
+                    }
+                    if let Some(seed) = &mut valid.generate.sampling.seed {
+                        *seed = seed.wrapping_add(u64::from(attempt - 1));
+                    }
+                    valid
+                });
             let generated = match (prepared, last.take()) {
                 (Ok(valid), previous) => {
                     match self.generate(&[(&agent, valid)], attempt).await {

@@ -51,14 +51,8 @@ impl Pins {
             let Some(prefix) = system_prefix(model, agent) else {
                 continue;
             };
-            let prefix = prefix?;
             // Tokenized once here: the share check needs the length, the engine the ids.
-            let ids = model
-                .tokenizer
-                .encode(prefix.as_str(), false)
-                .map_err(|e| engine::EngineError::Tokenizer(e.to_string()))?
-                .get_ids()
-                .to_vec();
+            let ids = prefix?;
             let tokens = ids.len();
             let taken: usize = pinned
                 .values()

@@ -34,7 +34,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         messages.push(ChatMessage::new("system", system));
     }
     messages.push(ChatMessage::new("user", args.prompt));
-    let prompt = engine.render_chat(&messages)?;
+    let prompt = engine.model().encode_chat(&messages, true)?.tokens;
     let mut stream = engine.submit(GenerateRequest {
         sampling: SamplingParams {
             temperature: args.temperature,
@@ -42,7 +42,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             ..SamplingParams::default()
         },
         max_tokens: args.max_tokens,
-        ..GenerateRequest::new(Prompt::Text(prompt))
+        ..GenerateRequest::new(Prompt::Tokens(prompt))
     })?;
     let mut out = std::io::stdout().lock();
     while let Some(event) = stream.blocking_next() {

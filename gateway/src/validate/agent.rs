@@ -153,11 +153,7 @@ fn fits_the_context(spec: &AgentSpec, model: &engine::ModelInfo) -> Result<(), A
     let limit = model.context_length.min(model.kv_capacity_tokens);
     let prompt_tokens = match system_prefix(model, spec) {
         None => 0,
-        Some(prefix) => model
-            .tokenizer
-            .encode(prefix?.as_str(), false)
-            .map_err(|e| ApiError::Internal(format!("tokenizer: {e}")))?
-            .len(),
+        Some(prefix) => prefix?.len(),
     };
     if prompt_tokens >= limit {
         return Err(ApiError::invalid(

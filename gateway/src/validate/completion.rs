@@ -2,16 +2,27 @@
 //! above states for every generation, plus the legacy endpoint's own: `prompt` is required and
 //! non-empty (a text, texts, token ids or lists of them, each id in the vocabulary); prompts
 //! times `n` at most [`MAX_CHOICES`]; `logprobs` in 0..=20; `suffix` (fill-in-the-middle) is
-//! refused; `best_of`, when given, equals `n`.
+//! refused; `best_of`, when given, equals `n`; without `max_tokens`, at most
+//! [`DEFAULT_MAX_TOKENS`] tokens per answer (OpenAI's documented default, and vLLM's). The
+//! prompts are counted before any is tokenized.
 //!
-//! The prompt is raw text: no chat template, as OpenAI's completions endpoint does.
+//! The prompt is raw text: no chat template, as OpenAI's completions endpoint does. Special-token
+//! text in it (`<|im_start|>`) becomes the control token, as in vLLM and llama.cpp's servers: a
+//! completions prompt is the caller's own rendering of whatever format it wants, and a client
+//! that writes its own chat markup needs those tokens. This is no injection: the caller writes
+//! the whole prompt and so already controls every turn in it. Anything that puts someone else's
+//! text into a prompt uses the chat endpoints, whose contents never yield control tokens.
 
 use engine::{GenerateRequest, ModelInfo};
 
-use super::{check_model, tokenize, Options, MAX_CHOICES, MAX_TOP_LOGPROBS};
+use super::{check_model, tokenize, MaxTokens, Options, MAX_CHOICES, MAX_TOP_LOGPROBS};
 use crate::api::completions::CompletionRequest;
 use crate::api::TextInput;
 use crate::error::ApiError;
+
+/// Tokens an answer may take when the request names no `max_tokens`: OpenAI's documented default
+/// for its completions endpoint.
+pub const DEFAULT_MAX_TOKENS: usize = 16;
 
 /// A text completion request that passed validation.
 #[derive(Clone, Debug)]
@@ -40,10 +51,12 @@ pub struct ValidPrompt {
     pub generate: GenerateRequest,
 }
 
-/// Checks `request` against the served model.
+/// Checks `request` against the served model and the operator's `budget` (whose chat default
+/// does not apply here).
 pub fn validate_completion(
     request: CompletionRequest,
     model: &ModelInfo,
+    budget: &MaxTokens,
 ) -> Result<ValidCompletionRequest, ApiError> {
     let model_id = check_model(request.model.as_deref(), &model.id)?;
     let logprobs = match request.logprobs {
@@ -63,7 +76,12 @@ pub fn validate_completion(
         ));
     }
     let max_tokens = request.options.max_tokens.map(|n| ("max_tokens", n));
-    let options = Options::new(request.options, max_tokens)?;
+    let options = Options::new(
+        request.options,
+        max_tokens,
+        budget.limit,
+        Some(DEFAULT_MAX_TOKENS),
+    )?;
     if let Some(best_of) = request.best_of.filter(|&b| b != options.n as i64) {
         return Err(ApiError::invalid(
             "best_of",
@@ -73,21 +91,22 @@ pub fn validate_completion(
             ),
         ));
     }
-    let texts = prompts(request.prompt, model)?;
+    let inputs = inputs(request.prompt)?;
     let echo = request.echo.unwrap_or(false);
-    if texts.len() * options.n > MAX_CHOICES {
+    if inputs.len() * options.n > MAX_CHOICES {
         return Err(ApiError::invalid(
             "n",
             format!(
                 "{} prompts times n={} is more than the {MAX_CHOICES} answers one request may ask for",
-                texts.len(),
+                inputs.len(),
                 options.n
             ),
         ));
     }
-    let prompts = texts
+    let prompts = inputs
         .into_iter()
-        .map(|(text, tokens)| {
+        .map(|input| {
+            let (text, tokens) = prompt(input, model)?;
             let count = tokens.len();
             let first_token = tokens[0];
             let mut generate = options.generate(model, tokens, "prompt")?;
@@ -114,12 +133,9 @@ pub fn validate_completion(
     })
 }
 
-/// Each prompt as text and token ids.
-fn prompts(
-    prompt: Option<TextInput>,
-    model: &ModelInfo,
-) -> Result<Vec<(String, Vec<u32>)>, ApiError> {
-    let prompts = match prompt {
+/// The prompts as sent, each a text or token ids; not yet tokenized.
+fn inputs(prompt: Option<TextInput>) -> Result<Vec<Result<String, Vec<i64>>>, ApiError> {
+    let prompts: Vec<_> = match prompt {
         None => return Err(ApiError::invalid("prompt", "prompt is required")),
         Some(TextInput::Text(text)) => vec![Ok(text)],
         Some(TextInput::Texts(texts)) => texts.into_iter().map(Ok).collect(),
@@ -132,36 +148,39 @@ fn prompts(
             "prompt must not be an empty list",
         ));
     }
-    let vocab = model.tokenizer.get_vocab_size(true) as i64;
-    prompts
-        .into_iter()
-        .map(|prompt| {
-            let (text, tokens) = match prompt {
-                Ok(text) => {
-                    let tokens = tokenize(model, &text)?;
-                    (text, tokens)
-                }
-                Err(ids) => {
-                    if let Some(bad) = ids.iter().find(|&&id| !(0..vocab).contains(&id)) {
-                        return Err(ApiError::invalid(
-                            "prompt",
-                            format!("token id {bad} is not in the model's vocabulary"),
-                        ));
-                    }
-                    let tokens: Vec<u32> = ids.into_iter().map(|id| id as u32).collect();
-                    let text = model
-                        .tokenizer
-                        .decode(&tokens, false)
-                        .map_err(|e| ApiError::Internal(format!("decoding the prompt: {e}")))?;
-                    (text, tokens)
-                }
-            };
-            if tokens.is_empty() {
-                return Err(ApiError::invalid("prompt", "prompt must not be empty"));
+    Ok(prompts)
+}
+
+/// One prompt as text and token ids.
+fn prompt(
+    input: Result<String, Vec<i64>>,
+    model: &ModelInfo,
+) -> Result<(String, Vec<u32>), ApiError> {
+    let (text, tokens) = match input {
+        Ok(text) => {
+            let tokens = tokenize(model, &text)?;
+            (text, tokens)
+        }
+        Err(ids) => {
+            let vocab = model.tokenizer.get_vocab_size(true) as i64;
+            if let Some(bad) = ids.iter().find(|&&id| !(0..vocab).contains(&id)) {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!("token id {bad} is not in the model's vocabulary"),
+                ));
             }
-            Ok((text, tokens))
-        })
-        .collect()
+            let tokens: Vec<u32> = ids.into_iter().map(|id| id as u32).collect();
+            let text = model
+                .tokenizer
+                .decode(&tokens, false)
+                .map_err(|e| ApiError::Internal(format!("decoding the prompt: {e}")))?;
+            (text, tokens)
+        }
+    };
+    if tokens.is_empty() {
+        return Err(ApiError::invalid("prompt", "prompt must not be empty"));
+    }
+    Ok((text, tokens))
 }
 
 #[cfg(test)]
@@ -180,14 +199,26 @@ mod tests {
     }
 
     fn validate(body: serde_json::Value) -> Result<ValidCompletionRequest, ApiError> {
+        validate_with(body, MaxTokens::default())
+    }
+
+    fn validate_with(
+        body: serde_json::Value,
+        budget: MaxTokens,
+    ) -> Result<ValidCompletionRequest, ApiError> {
         validate_completion(
             serde_json::from_value(body).expect("a wire request"),
             model(),
+            &budget,
         )
     }
 
     fn rejected_param(body: serde_json::Value) -> String {
-        match validate(body.clone()) {
+        rejected_param_with(body, MaxTokens::default())
+    }
+
+    fn rejected_param_with(body: serde_json::Value, budget: MaxTokens) -> String {
+        match validate_with(body.clone(), budget) {
             Err(e @ ApiError::InvalidRequest { .. }) => {
                 e.body().param.expect("a 400 names its field")
             }
@@ -255,5 +286,46 @@ mod tests {
             validate(json!({"prompt": "a", "model": "gpt-4"})),
             Err(ApiError::ModelNotFound(_))
         ));
+    }
+
+    #[test]
+    fn without_max_tokens_an_answer_takes_at_most_16_tokens() {
+        let valid = validate(json!({"prompt": "Once upon a time"})).unwrap();
+        assert_eq!(valid.prompts[0].generate.max_tokens, DEFAULT_MAX_TOKENS);
+        // The chat default is chat's alone; the operator's limit still bounds the default.
+        let budget = MaxTokens {
+            limit: Some(8),
+            chat_default: Some(100),
+        };
+        let valid = validate_with(json!({"prompt": "Once upon a time"}), budget).unwrap();
+        assert_eq!(valid.prompts[0].generate.max_tokens, 8);
+        let asked = validate_with(json!({"prompt": "a", "max_tokens": 8}), budget).unwrap();
+        assert_eq!(asked.prompts[0].generate.max_tokens, 8);
+        assert_eq!(
+            rejected_param_with(json!({"prompt": "a", "max_tokens": 9}), budget),
+            "max_tokens"
+        );
+        // Near the end of the context the default shrinks to the room left.
+        let long: Vec<i64> = vec![28; 250];
+        let valid = validate(json!({"prompt": long})).unwrap();
+        assert_eq!(valid.prompts[0].generate.max_tokens, 6);
+    }
+
+    #[test]
+    fn prompts_are_counted_before_they_are_tokenized() {
+        // Each prompt would be refused for its token id; the count is refused first.
+        let prompts = vec![vec![-1i64]; MAX_CHOICES + 1];
+        assert_eq!(rejected_param(json!({"prompt": prompts})), "n");
+    }
+
+    #[test]
+    fn a_raw_prompt_keeps_the_control_tokens_its_caller_wrote() {
+        let valid =
+            validate(json!({"prompt": "<|im_start|>user\nHi<|im_end|>\n", "max_tokens": 1}))
+                .unwrap();
+        let Prompt::Tokens(ids) = &valid.prompts[0].generate.prompt else {
+            panic!("tokens");
+        };
+        assert_eq!((ids[0], ids[ids.len() - 2]), (1, 2), "{ids:?}");
     }
 }

@@ -23,7 +23,9 @@
 //! the whole grammar; compiled grammars are cached, so an agent's repeated requests pay once.
 //!
 //! Bounds ([`StructuredLimits`]): tools per request, a schema's size and nesting depth, and
-//! the time compiling may take; past one, a 400 naming the field.
+//! the time compiling may take; past one, a 400 naming the field. The same struct carries the
+//! bound on tokens to generate ([`super::MaxTokens`]), so every caller of
+//! [`super::validate_chat`] applies the operator's limits by passing one value.
 
 use std::time::Duration;
 
@@ -42,9 +44,12 @@ pub const RESPONSE_OPEN: &str = "{\"response\": ";
 /// add one more call would otherwise repeat itself until `max_tokens` cuts the last call.
 pub const MAX_PARALLEL_CALLS: usize = 8;
 
-/// Bounds on what structured requests may ask of the grammar compiler.
+/// Bounds on what a chat request may ask: of the grammar compiler (tools, schemas), and of the
+/// engine (tokens to generate).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StructuredLimits {
+    /// The operator's bound and default for `max_tokens`.
+    pub max_tokens: super::MaxTokens,
     pub max_tools: usize,
     /// A schema's size as compact JSON.
     pub max_schema_bytes: usize,
@@ -57,6 +62,7 @@ pub struct StructuredLimits {
 impl Default for StructuredLimits {
     fn default() -> Self {
         Self {
+            max_tokens: super::MaxTokens::default(),
             max_tools: 128,
             max_schema_bytes: 64 * 1024,
             max_schema_depth: 32,

@@ -108,7 +108,9 @@ fn request(
             ChatMessage::new("system", system_prompt(registry)),
             ChatMessage::new("user", text),
         ];
-        let mut request = GenerateRequest::new(Prompt::Text(engine.render_chat(&messages)?));
+        // The user's text is content: a control token typed in it stays text.
+        let prompt = engine.model().encode_chat(&messages, true)?;
+        let mut request = GenerateRequest::new(Prompt::Tokens(prompt.tokens));
         request.max_tokens = 1;
         request.sampling = SamplingParams {
             temperature: 0.0,

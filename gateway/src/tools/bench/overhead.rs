@@ -92,11 +92,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 /// The same request through the engine's API: render, submit, read to the end.
 fn in_process(engine: &EngineHandle) -> Result<Duration> {
     let started = Instant::now();
-    let prompt = engine.render_chat(&[ChatMessage::new("user", QUESTION)])?;
+    let prompt = engine
+        .model()
+        .encode_chat(&[ChatMessage::new("user", QUESTION)], true)?
+        .tokens;
     let mut stream = engine.submit(GenerateRequest {
         sampling: SamplingParams::greedy(),
         max_tokens: 1,
-        ..GenerateRequest::new(Prompt::Text(prompt))
+        ..GenerateRequest::new(Prompt::Tokens(prompt))
     })?;
     loop {
         match stream.blocking_next().context("the engine stopped")? {

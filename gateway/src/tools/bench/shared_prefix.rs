@@ -235,11 +235,14 @@ fn run_session(
     let mut transcript = Transcript::new(agent.system);
     let mut outcomes = Vec::with_capacity(session.turns.len());
     for turn in &session.turns {
-        let prompt = engine.render_chat(transcript.ask(turn))?;
+        let prompt = engine
+            .model()
+            .encode_chat(transcript.ask(turn), true)?
+            .tokens;
         let request = GenerateRequest {
             sampling: SamplingParams::greedy(),
             max_tokens,
-            ..GenerateRequest::new(Prompt::Text(prompt))
+            ..GenerateRequest::new(Prompt::Tokens(prompt))
         };
         let outcome = stream_request(engine, request, |_| {})?;
         transcript.answer(&outcome.text);

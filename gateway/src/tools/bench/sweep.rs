@@ -64,7 +64,10 @@ pub(super) fn run(args: &BenchArgs) -> Result<()> {
                 let ask = "Answer with a JSON array of short strings, one idea each.";
                 turns.insert(0, ChatMessage::new("system", ask));
             }
-            engine.render_chat(&turns)
+            engine
+                .model()
+                .encode_chat(&turns, true)
+                .map(|prompt| prompt.tokens)
         })
         .collect::<engine::Result<Vec<_>>>()?;
     let requests = |c: usize| args.requests.unwrap_or((2 * c).max(8));
@@ -122,7 +125,7 @@ fn constrained_format() -> ResponseFormat {
 
 fn run_level(
     engine: &EngineHandle,
-    prompts: &[String],
+    prompts: &[Vec<u32>],
     format: &ResponseFormat,
     concurrency: usize,
     requests: usize,
@@ -138,7 +141,7 @@ fn run_level(
             max_tokens,
             ignore_eos: true,
             response_format: format.clone(),
-            ..GenerateRequest::new(Prompt::Text(prompts[i % prompts.len()].clone()))
+            ..GenerateRequest::new(Prompt::Tokens(prompts[i % prompts.len()].clone()))
         };
         let outcome = stream_request(engine, request, |n| bar.inc(n as u64))?;
         outcomes.lock().expect("not poisoned").push(outcome);

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use engine::{EngineConfig, EngineHandle};
 
 pub mod cluster;
+pub mod nats;
 
 pub const MODEL_ID: &str = "SmolLM2-135M-Instruct.Q4_1";
 pub const QUESTION: &str = "What is the capital of France? Answer in one sentence.";

@@ -196,6 +196,32 @@ async fn after_a_nats_restart_the_registry_is_back_and_ready_recovers_by_itself(
     worker.wait_for("/health", Duration::from_secs(120)).await;
     let mut gateway = cluster::spawn_gateway(&url, &name, &[]);
     gateway.wait_for("/ready", Duration::from_secs(120)).await;
+    // A long-lived registry: hundreds of heartbeats (of another model's stand-in, which the
+    // gateway counts for nothing). A watch that resumed after them on the new, empty bucket
+    // would miss the worker's next heartbeats for minutes.
+    let client = async_nats::connect(&url).await.unwrap();
+    let subjects = Subjects::new(&name).unwrap();
+    let store = registry::bucket(client, &subjects, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let mut filler = Heartbeat {
+        v: VERSION,
+        worker: "filler".into(),
+        model: "another-model".into(),
+        agents: vec![],
+        running: 0,
+        waiting: 0,
+        in_flight: 0,
+        free_kv_blocks: 0,
+        warm: vec![],
+    };
+    for in_flight in 0..600 {
+        filler.in_flight = in_flight;
+        store
+            .put("filler", protocol::encode(&filler))
+            .await
+            .unwrap();
+    }
 
     // The server goes, and the registry (a stream in memory) with it: no worker is live.
     server.stop();
@@ -204,7 +230,7 @@ async fn after_a_nats_restart_the_registry_is_back_and_ready_recovers_by_itself(
     // It comes back empty: the bucket is created again, the worker's heartbeats fill it, and
     // the gateway serves again, neither process restarted.
     server.resume();
-    wait_status(&gateway, "/ready", 200, Duration::from_secs(30)).await;
+    wait_status(&gateway, "/ready", 200, Duration::from_secs(20)).await;
     assert!(!chat(&gateway).await.is_empty());
     for process in [&mut worker, &mut gateway] {
         assert!(

@@ -137,12 +137,10 @@ impl Nats {
     }
 }
 
-/// Keeps `workers` following the registry for as long as the gateway runs. A watch is started
-/// again when it fails, and whenever the connection was lost and made again: the server may
-/// have restarted without its in-memory streams, and a watch that resumed where it stopped
-/// would skip a new bucket's first heartbeats. The bucket is opened again, created if need be,
-/// and watched from its start, so workers' next heartbeats make the gateway ready again
-/// without a restart.
+/// Keeps `workers` following the registry for as long as the gateway runs. When a watch fails
+/// (the connection dropped, or the server restarted without its in-memory streams and the
+/// bucket is gone) the bucket is opened again, created if need be, and watched from its start,
+/// so workers' next heartbeats make the gateway ready again without a restart.
 async fn follow(
     client: async_nats::Client,
     mut store: async_nats::jetstream::kv::Store,
@@ -150,33 +148,14 @@ async fn follow(
     settings: Settings,
 ) {
     loop {
-        tokio::select! {
-            followed = workers.follow(store.clone()) => if let Err(e) = followed {
-                tracing::warn!(error = %e, "the workers' registry watch failed; reopening it");
-            },
-            () = reconnection(&client) => {
-                tracing::info!("back on NATS; watching the workers' registry from its start");
-            }
+        if let Err(e) = workers.follow(store.clone()).await {
+            tracing::warn!(error = %e, "the workers' registry watch failed; reopening it");
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
         match registry::bucket(client.clone(), &settings.subjects, settings.registry_ttl).await {
             Ok(reopened) => store = reopened,
             Err(e) => tracing::warn!(error = %e, "cannot reopen the workers' registry; retrying"),
         }
-    }
-}
-
-/// Returns once the client's connection has been lost and made again.
-async fn reconnection(client: &async_nats::Client) {
-    use async_nats::connection::State;
-    let mut lost = false;
-    loop {
-        match client.connection_state() {
-            State::Connected if lost => return,
-            State::Connected => {}
-            State::Pending | State::Disconnected => lost = true,
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

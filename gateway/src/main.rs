@@ -112,14 +112,17 @@ fn run_gateway(
     // The tokenizer and the chat template only: the weights are the workers'.
     let model = engine::ModelInfo::load(&config.engine.model)?;
     runtime()?.block_on(async {
-        let transport = gateway::transport::Nats::connect(&nats.nats.url, model, settings)
+        let client = nats.nats.connect("swarmgate-gateway").await?;
+        let transport = gateway::transport::Nats::connect(client, model, settings)
             .await
-            .with_context(|| format!("cannot join the workers over NATS at {}", nats.nats.url))?;
+            .context("cannot open the workers' registry (is JetStream on?)")?;
         gateway::serve(config, Arc::new(transport)).await
     })
 }
 
 fn run_worker(config: gateway::worker::WorkerConfig) -> Result<()> {
+    // Settings that cannot connect fail before the model loads.
+    config.nats.validate()?;
     let engine = engine::EngineHandle::start(&config.engine)?;
     runtime()?.block_on(gateway::worker::run(config, engine))
 }

@@ -1,14 +1,17 @@
 //! `swarmgate worker`: an engine serving requests from gateways over NATS (see
 //! [`crate::transport::protocol`] for the wire format).
 //!
-//! At start-up the worker loads its engine, pins the system prompts of the answering agents it
+//! At start-up (its engine loaded) the worker refuses to run under the id of a live worker (one
+//! whose heartbeats still come), then pins the system prompts of the answering agents it
 //! hosts (`--agents`, else every agent of the swarm file), subscribes to their subjects (and to
 //! requests for no agent) in the workers' queue group, to its own subject, to its cancel
 //! subject and to the answers to its reader probes (see [`crate::transport::protocol`]), and
 //! starts heartbeating into the registry. Each request is checked (version, shape,
 //! names), answered at once with an acceptance or a refusal, and its events published in
 //! batches on the subject it names; a malformed message is logged and refused, never fatal.
-//! `/metrics` and `/health` are served on `--port` for Prometheus and probes.
+//! `/metrics`, `/health` and `/ready` are served on `--port` for Prometheus and probes; the
+//! first two take the gateways' API keys when keys are configured, and `/health` and `/ready`
+//! fail once the engine has stopped.
 //!
 //! On SIGTERM or ctrl-c the worker drains: it deletes its registry key and unsubscribes, so no
 //! new request reaches it, lets the requests in flight finish for at most
@@ -22,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{header, HeaderMap};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -32,9 +35,11 @@ use futures::StreamExt as _;
 use router::{AgentSpec, SwarmConfig};
 use tokio::sync::oneshot;
 
+use crate::auth::{ApiKey, Auth};
+use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::swarm::pins::Pins;
-use crate::transport::nats::NatsArgs;
+use crate::transport::connection::NatsArgs;
 use crate::transport::protocol::{
     self, Batch, Cancel, Heartbeat, RefusalCode, Reply, Subjects, Submit, FLUSH_INTERVAL,
     FLUSH_TOKENS, KEEPALIVE, QUEUE_GROUP, READER_PROBE, VERSION,
@@ -59,9 +64,27 @@ pub struct WorkerConfig {
     /// Address for `/metrics` and `/health`.
     #[arg(long, env = "SWARMGATE_HOST", default_value = "127.0.0.1")]
     pub host: String,
-    /// TCP port for `/metrics` and `/health`; 0 turns them off.
+    /// TCP port for `/metrics`, `/health` and `/ready`; 0 turns them off.
     #[arg(long, env = "SWARMGATE_PORT", default_value_t = 9464)]
     pub port: u16,
+    /// A key `/metrics` and `/health` require as `Authorization: Bearer KEY`, as the gateways'
+    /// API does (give the same keys); repeat the flag for more (the environment variable takes
+    /// a comma-separated list). Without keys they are open; `/ready` always is.
+    #[arg(
+        long = "api-key",
+        env = "SWARMGATE_API_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub api_keys: Vec<ApiKey>,
+    /// The gateways' admin keys, accepted too (an admin key is accepted wherever an API key is).
+    #[arg(
+        long = "admin-key",
+        env = "SWARMGATE_ADMIN_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub admin_keys: Vec<ApiKey>,
     /// How often the worker publishes its load to the registry, in milliseconds.
     #[arg(long, env = "SWARMGATE_HEARTBEAT_MS", default_value_t = 1000)]
     pub heartbeat_ms: u64,
@@ -79,6 +102,8 @@ struct Worker {
     engine: EngineHandle,
     client: async_nats::Client,
     metrics: Metrics,
+    /// Who may read `/metrics` and `/health`.
+    auth: Auth,
     /// Cancel handles of the requests in flight, by request id.
     running: Mutex<HashMap<String, oneshot::Sender<()>>>,
     /// The reply subjects of reader probes are this, `.`, the request's id.
@@ -105,14 +130,18 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
     let ttl = config.nats.registry_ttl()?;
     let subjects = config.nats.subjects()?;
     let hosted = hosted_agents(&config)?;
-    let client = async_nats::ConnectOptions::new()
-        .name(format!("swarmgate-{id}"))
-        .connect(config.nats.url.as_str())
-        .await
-        .with_context(|| format!("cannot reach NATS at {}", config.nats.url))?;
+    let client = config.nats.connect(&format!("swarmgate-{id}")).await?;
     let store = registry::bucket(client.clone(), &subjects, ttl)
         .await
         .context("cannot open the workers' registry (is JetStream on?)")?;
+    if let Some(seen) = registry::live(&store, &id, ttl).await? {
+        anyhow::bail!(
+            "a worker named {id:?} is already live in cluster {:?} (its heartbeat came again \
+             within {} ms): give this one another --worker-id, or stop that one first",
+            config.nats.cluster,
+            seen.as_millis()
+        );
+    }
 
     let pins = Pins::new(engine.clone());
     let answering: Vec<&AgentSpec> = hosted.iter().filter(|a| !a.kind.is_system()).collect();
@@ -129,6 +158,7 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
         engine,
         client: client.clone(),
         metrics: Metrics::new(),
+        auth: Auth::new(&config.api_keys, &config.admin_keys, false),
         running: Mutex::new(HashMap::new()),
         probe_inbox: client.new_inbox(),
         in_flight: AtomicUsize::new(0),
@@ -153,7 +183,7 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
     let beat = {
         let worker = worker.clone();
         let agents = config.agents.clone();
-        let store = store.clone();
+        let mut store = store.clone();
         let every = Duration::from_millis(config.heartbeat_ms.max(50));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
@@ -161,7 +191,13 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
                 tick.tick().await;
                 let beat = worker.heartbeat(&agents, &warm);
                 if let Err(e) = store.put(&worker.id, protocol::encode(&beat)).await {
-                    tracing::warn!(error = %e, "cannot publish the heartbeat");
+                    // The bucket may be gone with a NATS server that restarted: it is opened
+                    // again, created if need be, for the next heartbeat.
+                    tracing::warn!(error = %e, "cannot publish the heartbeat; reopening the registry");
+                    match registry::bucket(worker.client.clone(), &worker.subjects, ttl).await {
+                        Ok(reopened) => store = reopened,
+                        Err(e) => tracing::warn!(error = %e, "cannot reopen the registry"),
+                    }
                 }
             }
         })
@@ -175,6 +211,7 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
         let app = Router::new()
             .route("/metrics", get(scrape))
             .route("/health", get(health))
+            .route("/ready", get(ready))
             .with_state(worker.clone());
         Some(tokio::spawn(
             async move { axum::serve(listener, app).await },
@@ -381,25 +418,32 @@ impl Worker {
                 }
                 _ = tokio::time::sleep_until(flush_at.unwrap_or(keepalive_at)) => false,
             };
-            let batch = protocol::encode(&Batch {
-                v: VERSION,
-                id: id.clone(),
+            let batches = encode_within(
+                &id,
                 seq,
-                events: std::mem::take(&mut pending),
-            });
-            let sent = if last_probe.elapsed() >= READER_PROBE {
-                last_probe = tokio::time::Instant::now();
-                self.client
-                    .publish_with_reply(subject.clone(), probe.clone(), batch)
-                    .await
-            } else {
-                self.client.publish(subject.clone(), batch).await
-            };
-            if let Err(e) = sent {
-                tracing::warn!(error = %e, "cannot publish a batch; cancelling the request");
+                std::mem::take(&mut pending),
+                self.client.max_payload(),
+            );
+            let mut failed = false;
+            for batch in batches {
+                let sent = if last_probe.elapsed() >= READER_PROBE {
+                    last_probe = tokio::time::Instant::now();
+                    self.client
+                        .publish_with_reply(subject.clone(), probe.clone(), batch)
+                        .await
+                } else {
+                    self.client.publish(subject.clone(), batch).await
+                };
+                if let Err(e) = sent {
+                    tracing::warn!(error = %e, "cannot publish a batch; cancelling the request");
+                    failed = true;
+                    break;
+                }
+                seq += 1;
+            }
+            if failed {
                 break;
             }
-            seq += 1;
             first_token_sent |= pending_tokens > 0;
             pending_tokens = 0;
             flush_at = None;
@@ -475,6 +519,62 @@ fn coalesce(batch: &mut Vec<Event>, event: Event) {
     batch.push(event);
 }
 
+/// The batches `events` go out in, numbered from `seq`: one, unless its JSON is larger than
+/// `max_payload` (the NATS server's limit on a message). Then the events are spread over as
+/// many batches as it takes, in order, and prompt logprobs too large for one message are cut
+/// into consecutive parts (the gateway joins them again). A single delta larger than the limit
+/// still goes alone, and its publication fails.
+fn encode_within(id: &str, seq: u64, events: Vec<Event>, max_payload: usize) -> Vec<bytes::Bytes> {
+    let batch = |seq, events| Batch {
+        v: VERSION,
+        id: id.to_owned(),
+        seq,
+        events,
+    };
+    let whole = batch(seq, events);
+    let encoded = protocol::encode(&whole);
+    // 0: the server's limit is not known yet.
+    if max_payload == 0 || encoded.len() <= max_payload {
+        return vec![encoded];
+    }
+    let room = max_payload.saturating_sub(protocol::encode(&batch(u64::MAX, vec![])).len());
+    let parts = whole.events.into_iter().flat_map(|event| match event {
+        Event::PromptLogprobs(entries) => {
+            let empty = json_len(&Event::PromptLogprobs(Vec::new()));
+            pack(entries, room.saturating_sub(empty))
+                .into_iter()
+                .map(Event::PromptLogprobs)
+                .collect()
+        }
+        event => vec![event],
+    });
+    (seq..)
+        .zip(pack(parts, room))
+        .map(|(seq, events)| protocol::encode(&batch(seq, events)))
+        .collect()
+}
+
+/// `items` in order, in groups whose JSON array elements (each with a comma) take at most
+/// `room` bytes; an item larger than `room` makes a group by itself.
+fn pack<T: serde::Serialize>(items: impl IntoIterator<Item = T>, room: usize) -> Vec<Vec<T>> {
+    let mut groups: Vec<Vec<T>> = vec![Vec::new()];
+    let mut used = 0;
+    for item in items {
+        let size = json_len(&item) + 1;
+        if used + size > room && groups.last().is_some_and(|g| !g.is_empty()) {
+            groups.push(Vec::new());
+            used = 0;
+        }
+        used += size;
+        groups.last_mut().expect("one group at least").push(item);
+    }
+    groups
+}
+
+fn json_len(value: &impl serde::Serialize) -> usize {
+    serde_json::to_vec(value).map_or(0, |json| json.len())
+}
+
 /// The final event of a stream the engine ended without one.
 fn lost_stream() -> Event {
     Event::Finished {
@@ -484,22 +584,44 @@ fn lost_stream() -> Event {
     }
 }
 
-async fn scrape(State(worker): State<Arc<Worker>>) -> impl IntoResponse {
-    (
+async fn scrape(
+    State(worker): State<Arc<Worker>>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, ApiError> {
+    worker.auth.check(&headers)?;
+    Ok((
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
         worker.metrics.render(Some(worker.engine.stats())),
-    )
+    ))
 }
 
-async fn health(State(worker): State<Arc<Worker>>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({
+/// The worker's state (its id, requests in flight, whether it drains); 503 once its engine has
+/// stopped, so that a supervisor restarts it.
+async fn health(
+    State(worker): State<Arc<Worker>>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    worker.auth.check(&headers)?;
+    if !worker.engine.is_running() {
+        return Err(ApiError::Unavailable);
+    }
+    Ok(Json(serde_json::json!({
         "status": if worker.draining.load(Ordering::SeqCst) { "draining" } else { "ok" },
         "worker": worker.id,
         "in_flight": worker.in_flight.load(Ordering::SeqCst),
-    }))
+    })))
+}
+
+/// Whether the worker takes requests: its engine runs and it is not draining. Open to probes
+/// without a key, and says nothing more.
+async fn ready(State(worker): State<Arc<Worker>>) -> Result<Json<serde_json::Value>, ApiError> {
+    if !worker.engine.is_running() || worker.draining.load(Ordering::SeqCst) {
+        return Err(ApiError::Unavailable);
+    }
+    Ok(Json(serde_json::json!({"status": "ready"})))
 }
 
 #[cfg(test)]
@@ -519,6 +641,52 @@ mod tests {
                 scored: vec![],
             }],
         }
+    }
+
+    #[test]
+    fn a_batch_over_the_payload_limit_is_spread_over_batches_that_fit() {
+        let prompt: Vec<TokenLogprob> = (0..300)
+            .map(|token| TokenLogprob {
+                token,
+                logprob: -1.25,
+                top: (0..5).map(|t| (t, -2.5)).collect(),
+                scored: vec![],
+            })
+            .collect();
+        let end = Event::Finished {
+            reason: FinishReason::Length,
+            usage: Usage::default(),
+            error: None,
+        };
+        let events = vec![
+            Event::PromptLogprobs(prompt.clone()),
+            delta("a", 1),
+            end.clone(),
+        ];
+        let max = 2048;
+        let batches = encode_within("r1", 7, events.clone(), max);
+        assert!(batches.len() > 10, "{} batches", batches.len());
+        let mut joined: Vec<TokenLogprob> = Vec::new();
+        let mut rest = Vec::new();
+        for (i, bytes) in batches.iter().enumerate() {
+            assert!(bytes.len() <= max, "batch {i}: {} bytes", bytes.len());
+            let batch: Batch = protocol::decode(bytes).unwrap();
+            assert_eq!((batch.id.as_str(), batch.seq), ("r1", 7 + i as u64));
+            for event in batch.events {
+                match event {
+                    Event::PromptLogprobs(part) => {
+                        assert!(rest.is_empty(), "prompt logprobs come first");
+                        joined.extend(part);
+                    }
+                    other => rest.push(other),
+                }
+            }
+        }
+        assert_eq!(joined, prompt);
+        assert_eq!(rest, [delta("a", 1), end]);
+        // Under the limit, and with the limit unknown, one batch as before.
+        assert_eq!(encode_within("r1", 0, events.clone(), 1 << 20).len(), 1);
+        assert_eq!(encode_within("r1", 0, events, 0).len(), 1);
     }
 
     #[test]

@@ -204,14 +204,7 @@ async fn a_worker_refuses_bad_messages_and_stops_on_cancels_lost_readers_and_dra
         .request(direct.clone(), encode(&submit(&subjects, "r7", 4)).into())
         .await;
     assert!(after.is_err(), "a drained worker took a request");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = worker.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "the worker did not exit");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = worker.exit_status(Duration::from_secs(10)).await;
     assert!(status.success(), "{status}:\n{}", worker.tail());
 }
 
@@ -393,12 +386,13 @@ async fn a_gateway_survives_losing_a_worker_and_takes_it_back() {
 }
 
 /// A stand-in worker on `subjects` named `id`: registers with `in_flight` as its load, accepts
-/// every request sent to it and answers with `script` (its batches' events, then silence).
-/// Returns how many requests it has accepted so far.
+/// every request sent to it in the name of `accepts_as` (its own, unless it lies) and answers
+/// with `script` (its batches' events, then silence). Returns how many requests it has accepted
+/// so far.
 async fn fake_worker(
     client: &async_nats::Client,
     subjects: &Subjects,
-    id: &str,
+    (id, accepts_as): (&str, &str),
     in_flight: usize,
     script: Vec<Vec<Event>>,
 ) -> Arc<AtomicUsize> {
@@ -421,7 +415,7 @@ async fn fake_worker(
     let mut requests = client.subscribe(subjects.worker(id)).await.unwrap();
     client.flush().await.unwrap();
     store.put(id, protocol::encode(&beat)).await.unwrap();
-    let (client, id) = (client.clone(), id.to_owned());
+    let (client, id) = (client.clone(), accepts_as.to_owned());
     let accepted = Arc::new(AtomicUsize::new(0));
     let count = accepted.clone();
     tokio::spawn(async move {
@@ -475,7 +469,7 @@ async fn gateway_transport(subjects: &Subjects) -> gateway::transport::Nats {
         registry_ttl: Duration::from_secs(30),
         attempts: 3,
     };
-    let transport = Nats::connect(NATS_URL, model, settings).await.unwrap();
+    let transport = Nats::connect(nats().await, model, settings).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !transport.is_ready() {
         assert!(
@@ -505,11 +499,11 @@ async fn the_gateway_hands_over_a_request_whose_worker_went_silent_before_its_fi
     // The least loaded worker sends only a keepalive, then nothing; the next one answers.
     // (Registered in this order, so a registry the transport has seen only in part holds the
     // silent one.)
-    let silent = fake_worker(&client, &subjects, "silent", 0, vec![vec![]]).await;
+    let silent = fake_worker(&client, &subjects, ("silent", "silent"), 0, vec![vec![]]).await;
     let good = fake_worker(
         &client,
         &subjects,
-        "good",
+        ("good", "good"),
         5,
         vec![vec![delta("hi"), finished.clone()]],
     )
@@ -532,7 +526,14 @@ async fn the_gateway_hands_over_a_request_whose_worker_went_silent_before_its_fi
     // A worker that dies after its first token cannot be replaced: the stream ends with an
     // error event instead. (Its own cluster, so that the transport has surely seen it.)
     let subjects = Subjects::new(&cluster::cluster("midanswer")).unwrap();
-    let _half = fake_worker(&client, &subjects, "half", 0, vec![vec![delta("par")]]).await;
+    let _half = fake_worker(
+        &client,
+        &subjects,
+        ("half", "half"),
+        0,
+        vec![vec![delta("par")]],
+    )
+    .await;
     let transport = gateway_transport(&subjects).await;
     let events: Vec<Event> = transport
         .submit(None, request)
@@ -551,5 +552,104 @@ async fn the_gateway_hands_over_a_request_whose_worker_went_silent_before_its_fi
             assert_eq!(usage.completion_tokens, 1);
         }
         other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_acceptance_in_another_workers_name_is_refused_and_the_request_goes_elsewhere() {
+    use gateway::transport::Transport;
+
+    let subjects = Subjects::new(&cluster::cluster("impostor")).unwrap();
+    let client = nats().await;
+    let finished = Event::Finished {
+        reason: FinishReason::Stop,
+        usage: engine::Usage {
+            prompt_tokens: 3,
+            completion_tokens: 1,
+            cached_tokens: 0,
+        },
+        error: None,
+    };
+    // The least loaded worker answers on its own subject in the name of another, and would
+    // stream something else; the request must not take its stream.
+    let mut cancels = client.subscribe(subjects.cancel("honest")).await.unwrap();
+    let liar = fake_worker(
+        &client,
+        &subjects,
+        ("liar", "honest"),
+        0,
+        vec![vec![delta("forged"), finished.clone()]],
+    )
+    .await;
+    let honest = fake_worker(
+        &client,
+        &subjects,
+        ("honest", "honest"),
+        5,
+        vec![vec![delta("hi"), finished.clone()]],
+    )
+    .await;
+    let transport = gateway_transport(&subjects).await;
+    let events: Vec<Event> = transport
+        .submit(None, GenerateRequest::new(Prompt::Tokens(vec![1, 2, 3])))
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert_eq!(events, [delta("hi"), finished]);
+    assert_eq!(
+        (liar.load(Ordering::SeqCst), honest.load(Ordering::SeqCst)),
+        (1, 1),
+        "offered to the liar first, then to the honest worker"
+    );
+    // The request the liar claimed is cancelled in the name it gave.
+    let cancel = tokio::time::timeout(Duration::from_secs(5), cancels.next())
+        .await
+        .expect("a cancel for the forged acceptance")
+        .unwrap();
+    protocol::decode::<Cancel>(&cancel.payload).expect("a cancel");
+}
+
+#[tokio::test]
+async fn a_second_worker_under_a_live_workers_id_exits_with_a_clear_message() {
+    let name = cluster::cluster("twins");
+    let _first = cluster::worker(&name, "twin", &[]).await;
+    let mut second = cluster::spawn_worker(NATS_URL, &name, "twin", &[], &[]);
+    let status = second.exit_status(Duration::from_secs(60)).await;
+    assert!(!status.success(), "the second worker ran");
+    // The whole log: a backtrace may follow the message.
+    let log = std::fs::read_to_string(&second.log).unwrap();
+    assert!(
+        log.contains("Error: a worker named \"twin\" is already live"),
+        "{log}"
+    );
+}
+
+#[tokio::test]
+async fn a_workers_metrics_and_health_take_the_gateways_keys() {
+    let name = cluster::cluster("keys");
+    let mut worker =
+        cluster::spawn_worker(NATS_URL, &name, "w1", &["--api-key", "sk-worker-key"], &[]);
+    // The probe orchestrators call needs no key.
+    worker.wait_for("/ready", Duration::from_secs(120)).await;
+    let client = reqwest::Client::new();
+    for path in ["/metrics", "/health"] {
+        for key in [None, Some("sk-wrong")] {
+            let mut request = client.get(worker.url(path));
+            if let Some(key) = key {
+                request = request.bearer_auth(key);
+            }
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), 401, "{path} with {key:?}");
+            let body: Value = response.json().await.unwrap();
+            assert!(body["error"]["message"].is_string(), "{body}");
+        }
+        let response = client
+            .get(worker.url(path))
+            .bearer_auth("sk-worker-key")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{path} with the key");
     }
 }

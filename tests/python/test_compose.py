@@ -92,3 +92,23 @@ def test_the_dashboard_queries_metrics_the_gateway_exports():
     titles = " ".join(panel["title"].lower() for panel in dashboard["panels"])
     for topic in ["first token", "inter-token", "throughput", "queue", "kv", "agent", "verifier"]:
         assert topic in titles, f"no {topic} panel"
+
+
+def test_nats_admits_only_the_role_users_and_health_checks_call_ready():
+    services = compose_services()
+    nats = services["nats"]
+    assert nats["command"][:2] == ["-c", "/etc/nats/nats.conf"]
+    assert "./nats.conf:/etc/nats/nats.conf:ro" in nats["volumes"]
+    config = (DOCKER / "nats.conf").read_text()
+    for user in ["gateway", "worker"]:
+        assert f"user: {user}" in config, f"no NATS user {user}"
+    assert "no_auth_user" not in config, "anonymous clients would get in"
+    for name in ["gateway", "worker"]:
+        environment = dict(e.split("=", 1) for e in services[name]["environment"] if "=" in e)
+        assert environment["SWARMGATE_NATS_USER"] == name
+        assert environment["SWARMGATE_NATS_PASSWORD"].startswith("${"), "a password in the file"
+    for name, service in swarmgate_services().items():
+        args = service["command"]
+        port = args[args.index("--port") + 1]
+        probe = " ".join(service["healthcheck"]["test"])
+        assert f"127.0.0.1:{port}/ready" in probe, f"{name}'s health check does not call /ready"

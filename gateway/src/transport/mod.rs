@@ -3,6 +3,7 @@
 //! ([`local::Local`], `swarmgate serve`) or in worker processes reached over NATS
 //! ([`nats::Nats`], `swarmgate gateway`). Handlers, the router and the verifier never know which.
 //!
+//! - [`connection`] is how both sides join NATS: server, cluster, credentials, TLS.
 //! - [`protocol`] is the NATS wire format: subjects, versioned messages, and their validation.
 //! - [`registry`] is the workers' JetStream key-value bucket: their heartbeats (load, agents,
 //!   warm prefixes) and the gateway's live view of them.
@@ -10,6 +11,7 @@
 //!   token messages, fails over and watches every stream for silence.
 //! - [`crate::worker`] is the other side: a worker process serving its engine on NATS.
 
+pub mod connection;
 pub mod local;
 pub mod nats;
 pub mod protocol;

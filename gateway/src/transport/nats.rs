@@ -5,14 +5,17 @@
 //! according to the [`registry`](super::registry) (least loaded, prompt warm), or, when the
 //! registry knows none, to the agent's queue subject, where NATS picks one. A worker that is
 //! gone (no responders), silent (no answer within the accept timeout) or refusing for a reason
-//! another worker may not have (overloaded, draining) is skipped for the next one.
+//! another worker may not have (overloaded, draining) is skipped for the next one, and so is a
+//! worker whose subject brought an acceptance in another worker's name (that request is
+//! cancelled where it claims to run).
 //!
 //! Once accepted, the request's batches are relayed to its [`EventStream`] by a task that
 //! watches the stream: a worker that sends nothing, not even a keepalive, for the stream timeout
 //! is taken for dead. If no event has reached the caller yet, the request is handed over again
 //! to another worker; otherwise the stream ends with an error event. Either way the old worker
 //! is told to cancel, in case it was only slow. A caller dropping the stream cancels the request
-//! on its worker the same way.
+//! on its worker the same way. Prompt logprobs that came in parts (a worker splits what exceeds
+//! the server's `max_payload`) reach the caller as one event.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -22,48 +25,17 @@ use anyhow::Context as _;
 use async_nats::client::RequestErrorKind;
 use engine::{
     EngineError, Event, EventStream, FinishReason, GenerateRequest, ModelInfo, Prompt, RequestId,
-    Usage,
+    TokenLogprob, Usage,
 };
 use futures::future::BoxFuture;
 use futures::StreamExt as _;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
 
+use super::connection::NatsArgs;
 use super::protocol::{self, Batch, Cancel, Reply, Subjects, Submit, VERSION};
 use super::registry::{self, Lease, Workers};
 use super::Transport;
-
-/// Where the gateways and the workers meet.
-#[derive(Clone, Debug, clap::Args)]
-pub struct NatsArgs {
-    /// NATS server (with JetStream) joining gateways and workers.
-    #[arg(
-        long = "nats",
-        env = "SWARMGATE_NATS",
-        default_value = "nats://127.0.0.1:4222"
-    )]
-    pub url: String,
-    /// The cluster's name: its subjects start with it, its registry is `<name>_workers`. Gateways
-    /// and workers of one swarm share it; swarms sharing a NATS server differ.
-    #[arg(long, env = "SWARMGATE_CLUSTER", default_value = "swarm")]
-    pub cluster: String,
-    /// A worker whose last heartbeat is older than this is taken for gone.
-    #[arg(long, env = "SWARMGATE_REGISTRY_TTL_SECS", default_value_t = 5.0)]
-    pub registry_ttl_secs: f64,
-}
-
-impl NatsArgs {
-    pub fn subjects(&self) -> anyhow::Result<Subjects> {
-        Subjects::new(&self.cluster).context("--cluster must be letters, digits, `-` or `_`")
-    }
-
-    pub fn registry_ttl(&self) -> anyhow::Result<Duration> {
-        Duration::try_from_secs_f64(self.registry_ttl_secs)
-            .ok()
-            .filter(|ttl| !ttl.is_zero())
-            .context("--registry-ttl-secs must be a positive number of seconds")
-    }
-}
 
 /// Settings of `swarmgate gateway` besides the server's.
 #[derive(Clone, Debug, clap::Args)]
@@ -83,6 +55,7 @@ pub struct GatewayArgs {
 
 impl GatewayArgs {
     pub fn settings(&self) -> anyhow::Result<Settings> {
+        self.nats.validate()?;
         let stream_timeout = Duration::try_from_secs_f64(self.stream_timeout_secs)
             .ok()
             .filter(|t| *t > protocol::KEEPALIVE)
@@ -136,25 +109,22 @@ struct Shared {
 }
 
 impl Nats {
-    /// Connects to NATS at `url` and follows the workers' registry; requests are prepared for
-    /// `model`.
-    pub async fn connect(url: &str, model: ModelInfo, settings: Settings) -> anyhow::Result<Self> {
-        let client = async_nats::ConnectOptions::new()
-            .name("swarmgate-gateway")
-            .connect(url)
-            .await?;
+    /// Follows the workers' registry on `client` (see [`NatsArgs::connect`]); requests are
+    /// prepared for `model`. Fails when the registry cannot be opened.
+    pub async fn connect(
+        client: async_nats::Client,
+        model: ModelInfo,
+        settings: Settings,
+    ) -> anyhow::Result<Self> {
         let store =
             registry::bucket(client.clone(), &settings.subjects, settings.registry_ttl).await?;
         let workers = Workers::default();
-        let following = workers.clone();
-        tokio::spawn(async move {
-            loop {
-                if let Err(e) = following.follow(store.clone()).await {
-                    tracing::warn!(error = %e, "the workers' registry watch failed; retrying");
-                }
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        });
+        tokio::spawn(follow(
+            client.clone(),
+            store,
+            workers.clone(),
+            settings.clone(),
+        ));
         Ok(Self {
             shared: Arc::new(Shared {
                 client,
@@ -165,6 +135,28 @@ impl Nats {
                 next_id: AtomicU64::new(1),
             }),
         })
+    }
+}
+
+/// Keeps `workers` following the registry for as long as the gateway runs. When a watch fails
+/// (the connection dropped, or the server restarted without its in-memory streams and the
+/// bucket is gone) the bucket is opened again, created if need be, and watched from its start,
+/// so workers' next heartbeats make the gateway ready again without a restart.
+async fn follow(
+    client: async_nats::Client,
+    mut store: async_nats::jetstream::kv::Store,
+    workers: Workers,
+    settings: Settings,
+) {
+    loop {
+        if let Err(e) = workers.follow(store.clone()).await {
+            tracing::warn!(error = %e, "the workers' registry watch failed; reopening it");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        match registry::bucket(client.clone(), &settings.subjects, settings.registry_ttl).await {
+            Ok(reopened) => store = reopened,
+            Err(e) => tracing::warn!(error = %e, "cannot reopen the workers' registry; retrying"),
+        }
     }
 }
 
@@ -289,7 +281,7 @@ impl Job {
 
     /// Offers the request on `subject` (`worker`'s own, or a queue's).
     async fn offer(&self, subject: &str, lease: Option<Lease>) -> Result<Handover, Offer> {
-        let worker = lease.as_ref().map(|l| l.worker.as_str());
+        let worker = lease.as_ref().map(|l| l.worker.clone());
         let shared = &self.shared;
         let id = uuid::Uuid::new_v4().simple().to_string();
         let stream = shared.settings.subjects.stream(&shared.gateway, &id);
@@ -314,7 +306,7 @@ impl Job {
             request: self.request.clone(),
         };
         let skip = |reason: String| Offer::Skip {
-            worker: worker.map(str::to_owned),
+            worker: worker.clone(),
             reason,
         };
         let reply = shared
@@ -335,15 +327,23 @@ impl Job {
                 RequestErrorKind::InvalidSubject | RequestErrorKind::Other => nats_down(&e),
             })?;
         match protocol::decode::<Reply>(&reply.payload) {
-            Ok(Reply::Accepted { worker, .. }) => Ok(Handover {
-                _lease: match lease {
-                    Some(lease) if lease.worker == worker => lease,
-                    _ => shared.workers.lease(&worker),
-                },
-                id,
-                worker,
-                batches,
-            }),
+            Ok(Reply::Accepted { worker, .. }) => match lease {
+                // Only the chosen worker listens on its own subject: an acceptance in another's
+                // name comes from an impostor or a twin. The request is stopped wherever it may
+                // run, and the chosen worker is skipped.
+                Some(lease) if lease.worker != worker => {
+                    self.cancel(&worker, &id).await;
+                    Err(skip(format!(
+                        "accepted in the name of {worker:?}, not of the worker chosen"
+                    )))
+                }
+                lease => Ok(Handover {
+                    _lease: lease.unwrap_or_else(|| shared.workers.lease(&worker)),
+                    id,
+                    worker,
+                    batches,
+                }),
+            },
             Ok(Reply::Refused { code, message, .. }) if code.is_retryable() => {
                 Err(skip(format!("refused: {message}")))
             }
@@ -372,10 +372,13 @@ impl Job {
         let mut generated = 0;
         // Whether any event reached the caller (keepalives are not events).
         let mut delivered = false;
+        // Prompt logprobs too large for one message come in parts, in consecutive events; the
+        // caller gets them whole, as one event, when the next kind of event comes.
+        let mut prompt_parts: Option<Vec<TokenLogprob>> = None;
         loop {
             let next = tokio::select! {
                 _ = events.closed() => {
-                    self.cancel(&handover).await;
+                    self.cancel(&handover.worker, &handover.id).await;
                     return;
                 }
                 next = tokio::time::timeout(timeout, handover.batches.next()) => next,
@@ -384,7 +387,20 @@ impl Job {
                 Ok(Some(message)) => match protocol::decode::<Batch>(&message.payload) {
                     Ok(batch) if batch.id == handover.id && batch.seq == seq => {
                         seq += 1;
-                        for event in batch.events {
+                        let whole = batch.events.into_iter().flat_map(|event| match event {
+                            Event::PromptLogprobs(part) => {
+                                prompt_parts.get_or_insert_with(Vec::new).extend(part);
+                                None
+                            }
+                            event => Some(
+                                prompt_parts
+                                    .take()
+                                    .map(Event::PromptLogprobs)
+                                    .into_iter()
+                                    .chain([event]),
+                            ),
+                        });
+                        for event in whole.flatten().collect::<Vec<_>>() {
                             let last = matches!(event, Event::Finished { .. });
                             if let Event::Delta { tokens, .. } = &event {
                                 generated += tokens.len();
@@ -396,7 +412,7 @@ impl Job {
                                 if let TrySendError::Full(_) = e {
                                     tracing::warn!(id = handover.id, "the caller stopped reading");
                                 }
-                                self.cancel(&handover).await;
+                                self.cancel(&handover.worker, &handover.id).await;
                                 return;
                             }
                             if last {
@@ -415,7 +431,7 @@ impl Job {
                 Err(_) => format!("nothing for {} ms", timeout.as_millis()),
             };
             tracing::warn!(worker = %handover.worker, %failure, "worker failed a request");
-            self.cancel(&handover).await;
+            self.cancel(&handover.worker, &handover.id).await;
             let worker = handover.worker.clone();
             if delivered {
                 // Part of the answer is out: it cannot start over elsewhere.
@@ -434,6 +450,7 @@ impl Job {
                     self = job;
                     handover = next;
                     seq = 0;
+                    prompt_parts = None;
                 }
                 Err(e) => {
                     let _ = events.try_send(failed(
@@ -447,22 +464,22 @@ impl Job {
         }
     }
 
-    /// Tells the request's worker to stop it (it may be gone already).
-    async fn cancel(&self, handover: &Handover) {
+    /// Tells `worker` to stop the request `id` (it may be gone already).
+    async fn cancel(&self, worker: &str, id: &str) {
         let cancel = Cancel {
             v: VERSION,
-            id: handover.id.clone(),
+            id: id.to_owned(),
         };
         if let Err(e) = self
             .shared
             .client
             .publish(
-                self.shared.settings.subjects.cancel(&handover.worker),
+                self.shared.settings.subjects.cancel(worker),
                 protocol::encode(&cancel),
             )
             .await
         {
-            tracing::warn!(worker = %handover.worker, error = %e, "cannot send a cancel");
+            tracing::warn!(%worker, error = %e, "cannot send a cancel");
         }
     }
 }

@@ -258,7 +258,16 @@ impl Message for Submit {
     }
 }
 
-impl Message for Reply {}
+impl Message for Reply {
+    fn check(&self) -> Result<(), String> {
+        match self {
+            Self::Accepted { worker, .. } if !is_token(worker) => {
+                Err("`worker` is not a valid worker id".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
 
 impl Message for Batch {}
 
@@ -426,6 +435,12 @@ mod tests {
         let mut message = submit();
         message.agent = Some("a.b".into());
         assert!(decode::<Submit>(&encode(&message)).is_err());
+        // The gateway sends cancels to the subject an acceptance names.
+        let forged = Reply::Accepted {
+            v: VERSION,
+            worker: "w1.>".into(),
+        };
+        assert!(decode::<Reply>(&encode(&forged)).is_err());
     }
 
     #[test]

@@ -53,6 +53,34 @@ pub async fn bucket(
     Ok(context.get_key_value(bucket).await?)
 }
 
+/// Whether a worker named `worker` is live: its key holds a heartbeat and a newer one comes
+/// within `ttl`. Returns how long that took. The key of a worker that died without a word
+/// outlives it by up to `ttl`, but no newer heartbeat comes, so its name is free again.
+pub async fn live(
+    store: &kv::Store,
+    worker: &str,
+    ttl: Duration,
+) -> anyhow::Result<Option<Duration>> {
+    let heartbeat = |entry: Option<kv::Entry>| {
+        entry
+            .filter(|e| e.operation == kv::Operation::Put)
+            .map(|e| e.revision)
+    };
+    let Some(first) = heartbeat(store.entry(worker).await?) else {
+        return Ok(None);
+    };
+    let started = Instant::now();
+    while started.elapsed() < ttl {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        match heartbeat(store.entry(worker).await?) {
+            Some(revision) if revision != first => return Ok(Some(started.elapsed())),
+            Some(_) => {}
+            None => return Ok(None),
+        }
+    }
+    Ok(None)
+}
+
 /// A gateway's view of the live workers. Cloning shares it.
 #[derive(Clone, Default)]
 pub struct Workers {

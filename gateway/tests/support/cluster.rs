@@ -1,7 +1,7 @@
 //! Gateways and workers as real processes of the `swarmgate` binary, joined by the machine's
-//! NATS server (`make test` starts one when none runs). Each test names its own cluster, so
-//! tests running side by side, or other swarms on the same server, never see each other's
-//! workers.
+//! NATS server (`make test` starts one when none runs), or by a test's own
+//! ([`super::nats::NatsServer`]). Each test names its own cluster, so tests running side by
+//! side, or other swarms on the same server, never see each other's workers.
 
 use std::fs::File;
 use std::net::TcpListener;
@@ -37,8 +37,9 @@ pub struct Process {
 }
 
 impl Process {
-    /// Starts `swarmgate <args>` with `port` for its HTTP side, logging to a file of its own.
-    fn start(name: &str, args: &[&str], port: u16) -> Self {
+    /// Starts `swarmgate <args>` with `port` for its HTTP side and `env` set, logging to a file
+    /// of its own.
+    fn start(name: &str, args: &[&str], env: &[(&str, &str)], port: u16) -> Self {
         let log = std::env::temp_dir().join(format!("swarmgate-{name}-{port}.log"));
         let out = File::create(&log).expect("a log file");
         let child = Command::new(env!("CARGO_BIN_EXE_swarmgate"))
@@ -46,6 +47,7 @@ impl Process {
             .args(["--port", &port.to_string()])
             .current_dir(root())
             .env("SWARMGATE_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()
@@ -88,6 +90,23 @@ impl Process {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Waits at most `limit` for the process to exit; its exit status.
+    pub async fn exit_status(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("the process can be polled") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit:\n{}",
+                self.log.display(),
+                self.tail()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Sends SIGKILL: the process dies without a word.
@@ -136,14 +155,28 @@ fn model_path() -> String {
         .to_string()
 }
 
-/// Starts a worker of `cluster` named `id`, with a small cache and one compute thread, quick
-/// heartbeats (250 ms) and a 2 s registry TTL; waits until it serves.
+/// Starts a worker of `cluster` named `id` on the machine's NATS server, with a small cache and
+/// one compute thread, quick heartbeats (250 ms) and a 2 s registry TTL; waits until it serves.
 pub async fn worker(cluster: &str, id: &str, extra: &[&str]) -> Process {
+    let mut process = spawn_worker(NATS_URL, cluster, id, extra, &[]);
+    process.wait_for("/health", Duration::from_secs(120)).await;
+    process
+}
+
+/// Starts a worker as [`worker`] does, on the NATS server at `nats` with `env` set, without
+/// waiting for it.
+pub fn spawn_worker(
+    nats: &str,
+    cluster: &str,
+    id: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Process {
     let model = model_path();
     let mut args = vec![
         "worker",
         "--nats",
-        NATS_URL,
+        nats,
         "--cluster",
         cluster,
         "--worker-id",
@@ -160,19 +193,26 @@ pub async fn worker(cluster: &str, id: &str, extra: &[&str]) -> Process {
         "2",
     ];
     args.extend_from_slice(extra);
-    let mut process = Process::start(id, &args, free_port());
+    Process::start(id, &args, env, free_port())
+}
+
+/// Starts a gateway of `cluster` on the machine's NATS server (no gRPC port) with a 2 s
+/// registry TTL and stream timeout; waits until its HTTP side answers (not until a worker is
+/// live: `/ready` tells that).
+pub async fn gateway(cluster: &str) -> Process {
+    let mut process = spawn_gateway(NATS_URL, cluster, &[]);
     process.wait_for("/health", Duration::from_secs(120)).await;
     process
 }
 
-/// Starts a gateway of `cluster` (no gRPC port) with a 2 s registry TTL and stream timeout;
-/// waits until its HTTP side answers (not until a worker is live: `/ready` tells that).
-pub async fn gateway(cluster: &str) -> Process {
+/// Starts a gateway as [`gateway`] does, on the NATS server at `nats` with `env` set, without
+/// waiting for it.
+pub fn spawn_gateway(nats: &str, cluster: &str, env: &[(&str, &str)]) -> Process {
     let model = model_path();
     let args = [
         "gateway",
         "--nats",
-        NATS_URL,
+        nats,
         "--cluster",
         cluster,
         "--model",
@@ -184,7 +224,5 @@ pub async fn gateway(cluster: &str) -> Process {
         "--stream-timeout-secs",
         "2",
     ];
-    let mut process = Process::start("gateway", &args, free_port());
-    process.wait_for("/health", Duration::from_secs(120)).await;
-    process
+    Process::start("gateway", &args, env, free_port())
 }

@@ -12,6 +12,7 @@ use engine::{EngineConfig, EngineHandle};
 
 pub mod api;
 pub mod cluster;
+pub mod nats;
 pub mod postgres;
 
 pub const MODEL_ID: &str = "SmolLM2-135M-Instruct.Q4_1";

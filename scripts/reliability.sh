@@ -7,8 +7,8 @@
 # 2. a gateway and two workers on the machine's NATS (scripts/services.sh starts it), in a
 #    cluster of their own: worker-loss, SIGKILLing one worker under load.
 #
-# `--quick` (the default; RELIABILITY_MODE=full for the long run) keeps the whole to about two
-# minutes; every probe and every request is bounded, and each stage has a hard time limit. Both
+# `--quick` (the default; RELIABILITY_MODE=full for the long run) keeps the whole to a few
+# minutes (the serve probes about a minute once nothing hangs); every probe and every request is bounded, and each stage has a hard time limit. Both
 # stages run even when the first fails; the script fails when any probe failed. Each server's
 # log is kept under ${TMPDIR:-/tmp}/swarmgate-reliability/ for a failure's post-mortem.
 #

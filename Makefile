@@ -3,7 +3,7 @@ CARGO ?= cargo
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: models services build run test sdk-test fmt lint bench clean
+.PHONY: models services build run test sdk-test fuzz fmt lint bench clean
 
 models:
 	@scripts/fetch-models.sh
@@ -24,6 +24,10 @@ test: models services
 # The real-client suite alone: the official OpenAI Python SDK against `swarmgate serve`.
 sdk-test: models
 	@CARGO="$(CARGO)" scripts/sdk-tests.sh
+
+# The fuzz targets on stable for a bounded time: corpus, then 30 s of mutations per target.
+fuzz: models
+	SWARMGATE_FUZZ_SECS=30 $(CARGO) test -p swarmgate-fuzz
 
 fmt:
 	$(CARGO) fmt --all

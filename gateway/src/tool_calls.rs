@@ -347,7 +347,12 @@ fn unescape(s: &str) -> Option<(String, usize)> {
             }
             return Some((char::from_u32(high).unwrap_or('\u{fffd}').to_string(), 6));
         }
-        other => char::from(other),
+        // Not an escape JSON knows: the character after the backslash stands for itself, whole
+        // (it may take several bytes).
+        _ => {
+            let c = s[1..].chars().next()?;
+            return Some((c.to_string(), 1 + c.len_utf8()));
+        }
     };
     Some((simple.to_string(), 2))
 }
@@ -457,6 +462,15 @@ mod tests {
                 read(text, false, size),
                 ("Hi \"you\"\né😀 done".into(), vec![])
             );
+        }
+    }
+
+    #[test]
+    fn a_backslash_before_a_wide_character_keeps_the_character() {
+        // Off the grammar, which the reader does not trust: the character is taken whole.
+        let text = "{\"response\": \"a\\é\\😀 b\"}";
+        for size in [1, 2, 1000] {
+            assert_eq!(read(text, false, size), ("aé😀 b".into(), vec![]));
         }
     }
 

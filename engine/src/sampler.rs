@@ -562,8 +562,8 @@ mod tests {
                 between(-2.0, 2.0),
                 any::<u64>(),
             )
-                .prop_map(|(temperature, top_k, top_p, min_p, rep, pres, freq, seed)| {
-                    SamplingParams {
+                .prop_map(
+                    |(temperature, top_k, top_p, min_p, rep, pres, freq, seed)| SamplingParams {
                         temperature,
                         top_k,
                         top_p,
@@ -572,8 +572,8 @@ mod tests {
                         presence_penalty: pres,
                         frequency_penalty: freq,
                         seed: Some(seed),
-                    }
-                })
+                    },
+                )
         }
 
         fn unpenalized(mut p: SamplingParams) -> SamplingParams {

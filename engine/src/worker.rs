@@ -496,7 +496,11 @@ impl Worker {
                 Err(payload) => {
                     let reason = panic_message(&*payload);
                     tracing::error!(id = id.0, panic = %reason, "sampling panicked");
-                    self.finish(id, FinishReason::Error, Some("internal error in the sampler"));
+                    self.finish(
+                        id,
+                        FinishReason::Error,
+                        Some("internal error in the sampler"),
+                    );
                 }
             }
         }
@@ -704,7 +708,10 @@ mod tests {
     /// The final event of `stream`: its reason and error.
     fn outcome(mut stream: EventStream) -> (FinishReason, Option<String>) {
         loop {
-            match stream.blocking_next().expect("the stream ends with Finished") {
+            match stream
+                .blocking_next()
+                .expect("the stream ends with Finished")
+            {
                 Event::Finished { reason, error, .. } => return (reason, error),
                 Event::Delta { .. } | Event::PromptLogprobs(_) => {}
             }
@@ -753,7 +760,9 @@ mod tests {
             .enable_time()
             .build()
             .unwrap()
-            .block_on(async { tokio::time::timeout(Duration::from_secs(10), engine.stopped()).await });
+            .block_on(async {
+                tokio::time::timeout(Duration::from_secs(10), engine.stopped()).await
+            });
         assert!(stopped.is_ok(), "the handle reports the stop");
         assert!(!engine.is_running());
         assert!(matches!(

@@ -553,7 +553,10 @@ fn a_reader_that_stops_reading_ends_its_request_and_frees_its_blocks() {
     .unwrap();
     let prompt = engine
         .model()
-        .encode_chat(&[ChatMessage::new("user", "Count from one to a thousand.")], true)
+        .encode_chat(
+            &[ChatMessage::new("user", "Count from one to a thousand.")],
+            true,
+        )
         .unwrap()
         .tokens;
     let stream = engine
@@ -575,7 +578,11 @@ fn a_reader_that_stops_reading_ends_its_request_and_frees_its_blocks() {
     let outcome = collect(stream);
     assert_eq!(outcome.reason, FinishReason::Error);
     assert!(
-        outcome.error.as_deref().unwrap().contains("stopped reading"),
+        outcome
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("stopped reading"),
         "{outcome:?}"
     );
     assert!(outcome.tokens.len() < 8, "at most the buffer was generated");

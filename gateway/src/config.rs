@@ -51,7 +51,11 @@ pub struct ServeConfig {
     /// Seconds a client may take to send a request's headers, counted from when its
     /// connection is ready for a request (so also the longest an HTTP/1 connection waits
     /// for a next request); then the connection is closed.
-    #[arg(long, env = "SWARMGATE_HEADER_READ_TIMEOUT_SECS", default_value_t = 10.0)]
+    #[arg(
+        long,
+        env = "SWARMGATE_HEADER_READ_TIMEOUT_SECS",
+        default_value_t = 10.0
+    )]
     pub header_read_timeout_secs: f64,
     /// Seconds a client may take to send a request's body once the handler reads it; then 408.
     #[arg(long, env = "SWARMGATE_BODY_READ_TIMEOUT_SECS", default_value_t = 30.0)]
@@ -61,7 +65,11 @@ pub struct ServeConfig {
     #[arg(long, env = "SWARMGATE_IDLE_TIMEOUT_SECS", default_value_t = 60.0)]
     pub idle_timeout_secs: f64,
     /// gRPC calls one connection may carry at once (HTTP/2 `max_concurrent_streams`).
-    #[arg(long, env = "SWARMGATE_GRPC_MAX_CONCURRENT_STREAMS", default_value_t = 128)]
+    #[arg(
+        long,
+        env = "SWARMGATE_GRPC_MAX_CONCURRENT_STREAMS",
+        default_value_t = 128
+    )]
     pub grpc_max_concurrent_streams: u32,
     /// On SIGTERM, how long requests in flight may take to finish before they are cut off.
     #[arg(long, env = "SWARMGATE_SHUTDOWN_GRACE_SECS", default_value_t = 30)]

@@ -229,7 +229,9 @@ mod tests {
         .await;
         let mut slow = TcpStream::connect(addr).await.unwrap();
         let started = Instant::now();
-        slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
         let trickle = async {
             for _ in 0..50 {
                 tokio::time::sleep(Duration::from_millis(100)).await;

@@ -121,7 +121,10 @@ impl InferenceService {
     /// Checks the caller's key (sent as `authorization: Bearer KEY` metadata), admits the call
     /// as the HTTP API admits a request (rate, seats, tokens, deadlines, metrics), validates
     /// `request` by the HTTP API's rules and hands it to the engine.
-    async fn submit(&self, request: Request<pb::ChatRequest>) -> Result<(Answer, Events), ApiError> {
+    async fn submit(
+        &self,
+        request: Request<pb::ChatRequest>,
+    ) -> Result<(Answer, Events), ApiError> {
         let state = &self.state;
         let caller = state
             .auth()
@@ -556,10 +559,7 @@ mod tests {
             chunks.last().unwrap().finish_reason,
             i32::from(pb::FinishReason::ToolCalls)
         );
-        let whole = envelope()
-            .collect(admitted(events()))
-            .await
-            .unwrap();
+        let whole = envelope().collect(admitted(events())).await.unwrap();
         assert_eq!(whole.text, "");
         assert_eq!(whole.tool_calls[0].arguments, r#"{"x": 1}"#);
         assert_eq!(whole.finish_reason, i32::from(pb::FinishReason::ToolCalls));
@@ -807,20 +807,14 @@ mod tests {
             delta(" world"),
             finished(FinishReason::Stop, None),
         ];
-        let response = answer(false)
-            .collect(admitted(events))
-            .await
-            .unwrap();
+        let response = answer(false).collect(admitted(events)).await.unwrap();
         assert_eq!(response.text, "Hello world");
         assert_eq!(response.finish_reason(), pb::FinishReason::Stop);
         assert_eq!(response.usage.unwrap().completion_tokens, 3);
         assert!(response.logprobs.is_empty());
 
         let events = vec![delta("Hi"), finished(FinishReason::Cancelled, None)];
-        let error = answer(false)
-            .collect(admitted(events))
-            .await
-            .unwrap_err();
+        let error = answer(false).collect(admitted(events)).await.unwrap_err();
         assert!(matches!(error, ApiError::Generation(_)), "{error:?}");
     }
 }

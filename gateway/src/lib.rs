@@ -134,12 +134,9 @@ pub async fn serve(
         // The swarm's own verifier agent judges answers (the registry requires one when a
         // policy asks for the judge; without one the shipped prompt stays).
         if let Some((name, prompt)) = verifier {
-            let verifier = router::Verifier::new(
-                transport.model(),
-                prompt,
-                router::VerifierConfig::default(),
-            )
-            .as_agent(name);
+            let verifier =
+                router::Verifier::new(transport.model(), prompt, router::VerifierConfig::default())
+                    .as_agent(name);
             state = state.with_verifier(verifier);
         }
     }

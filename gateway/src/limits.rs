@@ -293,9 +293,10 @@ impl Admission {
     /// Seats for `sequences` sequences at once; see the module header.
     pub async fn reserve(&self, state: &AppState, sequences: usize) -> Result<Seats, ApiError> {
         let queue = &state.limits().queue;
-        let seats = tokio::time::timeout_at(self.deadlines.first_token.into(), queue.enter(sequences))
-            .await
-            .map_err(|_| Deadlines::first_token_error())??;
+        let seats =
+            tokio::time::timeout_at(self.deadlines.first_token.into(), queue.enter(sequences))
+                .await
+                .map_err(|_| Deadlines::first_token_error())??;
         state.metrics().queued(self.arrived.elapsed());
         Ok(Seats {
             _held: Arc::new(seats),
@@ -346,7 +347,11 @@ impl Admission {
             }
         });
         let events = deadline::watch(events, self.deadlines);
-        Ok(Box::pin(state.metrics().observe(events, self.arrived, agent)))
+        Ok(Box::pin(state.metrics().observe(
+            events,
+            self.arrived,
+            agent,
+        )))
     }
 
     /// Runs `work` (done outside the engine, such as embeddings) in `seats` under this
@@ -574,7 +579,10 @@ mod tests {
         let Poll::Ready(two) = poll_once(&mut two) else {
             panic!("freed seats go to the line, in order");
         };
-        assert!(poll_once(&mut all).is_pending(), "two seats are still taken");
+        assert!(
+            poll_once(&mut all).is_pending(),
+            "two seats are still taken"
+        );
         drop(two.unwrap());
         assert!(poll_once(&mut all).is_ready());
         let never = queue.enter(5).await.unwrap_err();

@@ -32,6 +32,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start-up and matched once: the variants' sizes cost nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Serve the OpenAI-compatible API on the local engine.

@@ -142,9 +142,9 @@ impl SessionId {
         let Some(value) = headers.get(SESSION_HEADER) else {
             return Ok(None);
         };
-        let id = value
-            .to_str()
-            .map_err(|_| ApiError::invalid(SESSION_HEADER, "x-session-id must be printable ASCII"))?;
+        let id = value.to_str().map_err(|_| {
+            ApiError::invalid(SESSION_HEADER, "x-session-id must be printable ASCII")
+        })?;
         if id.is_empty() || id.len() > MAX_ID_BYTES {
             return Err(ApiError::invalid(
                 SESSION_HEADER,
@@ -455,19 +455,34 @@ mod tests {
 
     #[test]
     fn only_the_header_names_a_session() {
-        assert_eq!(SessionId::of(&headers("s-1")).unwrap().as_deref(), Some("s-1"));
+        assert_eq!(
+            SessionId::of(&headers("s-1")).unwrap().as_deref(),
+            Some("s-1")
+        );
         assert_eq!(SessionId::of(&HeaderMap::new()).unwrap(), None);
-        assert_eq!(param(SessionId::of(&headers("")).unwrap_err()), SESSION_HEADER);
+        assert_eq!(
+            param(SessionId::of(&headers("")).unwrap_err()),
+            SESSION_HEADER
+        );
         let long = "s".repeat(MAX_ID_BYTES + 1);
-        assert_eq!(param(SessionId::of(&headers(&long)).unwrap_err()), SESSION_HEADER);
+        assert_eq!(
+            param(SessionId::of(&headers(&long)).unwrap_err()),
+            SESSION_HEADER
+        );
     }
 
     #[tokio::test]
     async fn the_user_field_opens_no_session() {
         let sessions = sessions();
-        let by_user = || request(json!({"messages": [{"role": "user", "content": "Hi"}], "user": "u"}));
+        let by_user =
+            || request(json!({"messages": [{"role": "user", "content": "Hi"}], "user": "u"}));
         let turn = sessions
-            .open(Caller::Anonymous, &HeaderMap::new(), model(), &mut by_user())
+            .open(
+                Caller::Anonymous,
+                &HeaderMap::new(),
+                model(),
+                &mut by_user(),
+            )
             .await
             .unwrap();
         assert!(turn.0.is_none());
@@ -498,15 +513,18 @@ mod tests {
             .unwrap();
         turn.commit("ok").await.unwrap();
         for i in 1..10 {
-            let mut body = request(json!({"messages": [{"role": "user", "content": format!("{i} {long}")}]}));
+            let mut body =
+                request(json!({"messages": [{"role": "user", "content": format!("{i} {long}")}]}));
             let turn = sessions
                 .open(Caller::Anonymous, &headers("s"), model, &mut body)
                 .await
                 .unwrap();
             turn.commit("ok").await.unwrap();
         }
-        let mut last = request(json!({"messages": [{"role": "user", "content": "Which numbers?"}],
-            "max_tokens": 100}));
+        let mut last = request(
+            json!({"messages": [{"role": "user", "content": "Which numbers?"}],
+            "max_tokens": 100}),
+        );
         let _ = sessions
             .open(Caller::Anonymous, &headers("s"), model, &mut last)
             .await
@@ -515,10 +533,16 @@ mod tests {
         assert_eq!(sent[0], system("Be brief."), "the opening stays");
         assert_eq!(sent.last().unwrap(), &user("Which numbers?"));
         assert_eq!(sent[1].role, "user", "whole turns go");
-        assert!(sent[sent.len() - 3].content.starts_with("9 "), "the newest turns stay");
+        assert!(
+            sent[sent.len() - 3].content.starts_with("9 "),
+            "the newest turns stay"
+        );
         assert!(sent.len() < 2 + 2 * 10, "old turns went: {}", sent.len());
         let tokens = model.encode_chat(&sent, true).unwrap().tokens.len();
-        assert!(tokens + 100 <= window, "{tokens} tokens leave no room in {window}");
+        assert!(
+            tokens + 100 <= window,
+            "{tokens} tokens leave no room in {window}"
+        );
     }
 
     #[test]

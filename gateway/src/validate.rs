@@ -838,7 +838,10 @@ mod tests {
             let valid = validate(request(extra.clone())).unwrap();
             let sampling = valid.generate.sampling;
             assert_eq!(sampling.validate(), Ok(()), "{extra}");
-            assert!(sampling.top_p > 0.0 && sampling.repetition_penalty > 0.0, "{extra}");
+            assert!(
+                sampling.top_p > 0.0 && sampling.repetition_penalty > 0.0,
+                "{extra}"
+            );
         }
     }
 

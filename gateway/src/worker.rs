@@ -221,9 +221,20 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
 
     let shutdown = crate::shutdown_signal();
     tokio::pin!(shutdown);
+    // A failed engine cannot recover: its requests have ended with errors; the worker leaves the
+    // registry (so that no gateway picks it) and exits non-zero, for its supervisor to restart.
+    let engine = worker.engine.clone();
+    let engine_failed = engine.stopped();
+    tokio::pin!(engine_failed);
+    let mut failed = false;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
+            () = &mut engine_failed => {
+                tracing::error!("the engine failed; leaving the cluster");
+                failed = true;
+                break;
+            }
             Some(message) = requests.next() => worker.clone().take(message).await,
             Some(message) = cancels.next() => worker.cancel(&message.payload),
             Some(message) = probe_answers.next() => worker.probed(&message),
@@ -266,6 +277,10 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
     }
     let _ = client.flush().await;
     tracing::info!(worker = %id, "worker stopped");
+    anyhow::ensure!(
+        !failed,
+        "the engine failed and stopped; exiting so that the worker is restarted"
+    );
     Ok(())
 }
 

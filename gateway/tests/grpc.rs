@@ -268,10 +268,16 @@ async fn calls_pass_the_same_admission_as_http_requests() {
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body.to_string()))
         .unwrap();
-    assert_eq!(app(state).oneshot(request).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        app(state).oneshot(request).await.unwrap().status(),
+        StatusCode::OK
+    );
     let status = client.chat(question()).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
-    assert!(status.message().contains("requests per minute"), "{status:?}");
+    assert!(
+        status.message().contains("requests per minute"),
+        "{status:?}"
+    );
     let status = client.chat_stream(question()).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
 }

@@ -170,7 +170,11 @@ async fn keys_are_required_except_on_probes_and_public_metrics() {
     let (status, _, body) = call(&state, get("/health", None)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let (status, _, body) = call(&state, get("/metrics", None)).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED, "metrics take a key by default");
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "metrics take a key by default"
+    );
     assert_envelope(&body, "invalid_request_error", "invalid_api_key");
     let (status, _, _) = call(&state, get("/metrics", Some(KEY))).await;
     assert_eq!(status, StatusCode::OK);

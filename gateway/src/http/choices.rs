@@ -33,8 +33,8 @@ use crate::api::{self, ErrorBody, PromptTokensDetails};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::chat::{finish_reason, LOST_STREAM};
-pub(crate) use crate::limits::Events;
 use crate::limits::Admission;
+pub(crate) use crate::limits::Events;
 use crate::metrics::Metrics;
 
 /// How long a stream's headers wait for its first update.
@@ -111,7 +111,11 @@ impl Choices {
                 } else {
                     &later
                 };
-                streams.push(admission.submit(state, &seats, prompt_tokens, request).await?);
+                streams.push(
+                    admission
+                        .submit(state, &seats, prompt_tokens, request)
+                        .await?,
+                );
             }
         }
         Ok(Self::new(streams, n))

@@ -361,12 +361,7 @@ impl Job {
 
     /// Relays the accepted request's batches to `events` until its final event, handing it to
     /// another worker if its worker dies before any event reached the caller.
-    async fn relay(
-        mut self,
-        mut handover: Handover,
-        events: Sender<Event>,
-        prompt_tokens: usize,
-    ) {
+    async fn relay(mut self, mut handover: Handover, events: Sender<Event>, prompt_tokens: usize) {
         let timeout = self.shared.settings.stream_timeout;
         let mut seq = 0;
         let mut generated = 0;

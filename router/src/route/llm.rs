@@ -80,7 +80,6 @@ impl LlmRouter {
             usage,
         })
     }
-
 }
 
 /// The one-token, greedy, scoring request for `text`, and the labels it scores.
@@ -89,35 +88,35 @@ fn request(
     registry: &Registry,
     text: &str,
 ) -> Result<(GenerateRequest, Vec<Label>)> {
-        let tokenizer = &engine.model().tokenizer;
-        let labels = answering_agents(registry)
-            .map(|spec| {
-                let encoding = tokenizer
-                    .encode(spec.name.as_str(), false)
-                    .map_err(|e| engine::EngineError::Tokenizer(e.to_string()))?;
-                let token = *encoding.get_ids().first().ok_or_else(|| {
-                    engine::EngineError::Tokenizer(format!("`{}` has no tokens", spec.name))
-                })?;
-                Ok(Label {
-                    agent: spec.name.clone(),
-                    token,
-                })
+    let tokenizer = &engine.model().tokenizer;
+    let labels = answering_agents(registry)
+        .map(|spec| {
+            let encoding = tokenizer
+                .encode(spec.name.as_str(), false)
+                .map_err(|e| engine::EngineError::Tokenizer(e.to_string()))?;
+            let token = *encoding.get_ids().first().ok_or_else(|| {
+                engine::EngineError::Tokenizer(format!("`{}` has no tokens", spec.name))
+            })?;
+            Ok(Label {
+                agent: spec.name.clone(),
+                token,
             })
-            .collect::<Result<Vec<_>>>()?;
-        let messages = [
-            ChatMessage::new("system", system_prompt(registry)),
-            ChatMessage::new("user", text),
-        ];
-        // The user's text is content: a control token typed in it stays text.
-        let prompt = engine.model().encode_chat(&messages, true)?;
-        let mut request = GenerateRequest::new(Prompt::Tokens(prompt.tokens));
-        request.max_tokens = 1;
-        request.sampling = SamplingParams {
-            temperature: 0.0,
-            ..SamplingParams::default()
-        };
-        request.score_tokens = labels.iter().map(|l| l.token).collect();
-        Ok((request, labels))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let messages = [
+        ChatMessage::new("system", system_prompt(registry)),
+        ChatMessage::new("user", text),
+    ];
+    // The user's text is content: a control token typed in it stays text.
+    let prompt = engine.model().encode_chat(&messages, true)?;
+    let mut request = GenerateRequest::new(Prompt::Tokens(prompt.tokens));
+    request.max_tokens = 1;
+    request.sampling = SamplingParams {
+        temperature: 0.0,
+        ..SamplingParams::default()
+    };
+    request.score_tokens = labels.iter().map(|l| l.token).collect();
+    Ok((request, labels))
 }
 
 /// The router agent's prompt when it offers every answering agent, else one listing them.

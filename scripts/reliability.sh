@@ -80,8 +80,11 @@ failed=()
 
 echo "reliability: swarmgate serve" >&2
 port=$(free_port)
+# Answers bounded as an operator bounds them (--default-max-tokens), and deadlines inside the
+# probes' own 20 s wait: a request the bounds cannot serve in time gets its 504, not silence.
 start serve "$port" serve --grpc-port 0 --api-key "$KEY" \
-  --max-concurrent-requests 2 --max-queued-requests 2
+  --max-concurrent-requests 2 --max-queued-requests 2 \
+  --default-max-tokens 64 --first-token-timeout-secs 10 --request-timeout-secs 15
 serve=$started
 if wait_for "$serve" "$port" /health; then
   probe --base-url "http://127.0.0.1:$port" --pid "$serve" --admission-bound 4 \

@@ -53,8 +53,8 @@ pub use error::{EngineError, Result};
 pub use model::chat_prompt::{ChatEncoder, ChatPrompt};
 pub use model::chat_template::{ChatMessage, ChatTemplate};
 pub use request::{
-    Event, FinishReason, GenerateRequest, Prompt, RequestId, ResponseFormat, SamplingParams,
-    TokenLogprob, Usage,
+    CacheSalt, Event, FinishReason, GenerateRequest, Prompt, RequestId, ResponseFormat,
+    SamplingParams, TokenLogprob, Usage,
 };
 pub use worker::{EngineStats, KvSnapshot};
 

@@ -126,6 +126,20 @@ pub struct GenerateRequest {
     /// [`TokenLogprob::scored`]): a router or a judge reads the model's preference among a few
     /// answers from one forward pass, without sampling.
     pub score_tokens: Vec<u32>,
+    /// Whose prefix-cache blocks this request may find; `None`: everyone's.
+    #[serde(default)]
+    pub cache_salt: Option<CacheSalt>,
+}
+
+/// Who may share a request's prefix-cache blocks, as vLLM's `cache_salt`: the blocks past its
+/// first `shared_prefix` tokens are keyed with `salt` too, so only requests with the same salt
+/// (the same tenant) find them, and a hit cannot reveal another tenant's prompt. The blocks
+/// within the shared prefix (an agent's system prompt, the same for every tenant) stay
+/// everyone's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CacheSalt {
+    pub salt: u64,
+    pub shared_prefix: usize,
 }
 
 /// A constraint on the generated text, enforced token by token ([`crate::constraint`]): the
@@ -163,6 +177,7 @@ impl GenerateRequest {
             deadline: None,
             response_format: ResponseFormat::Text,
             score_tokens: Vec::new(),
+            cache_salt: None,
         }
     }
 }

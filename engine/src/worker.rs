@@ -148,8 +148,9 @@ struct Output {
     max_tokens: usize,
     stop_tokens: Vec<u32>,
     deadline: Option<Instant>,
-    /// Internal requests (prefix pre-warming) take no queue slot.
-    _slot: Option<QueueSlot>,
+    /// Internal requests (prefix pre-warming) take no queue slot. Released before the final
+    /// event is sent: whoever sees a request end may submit the next one at once.
+    slot: Option<QueueSlot>,
     /// Set for the request that pre-warms a pinned prefix.
     pin: Option<u64>,
     /// Set while the prompt is being scored; taken when its event is sent.
@@ -268,7 +269,8 @@ impl Worker {
     /// Ends every request in flight with `error`, touching nothing but their event channels
     /// (the scheduler's state is not to be trusted after a panic).
     fn fail_all(&mut self, error: &str) {
-        for (_, out) in self.outputs.drain() {
+        for (_, mut out) in self.outputs.drain() {
+            out.slot = None;
             let _ = out.events.try_send(Event::Finished {
                 reason: FinishReason::Error,
                 usage: Usage::default(),
@@ -378,13 +380,13 @@ impl Worker {
                 max_tokens: request.max_tokens,
                 stop_tokens,
                 deadline: request.deadline,
-                _slot: slot,
+                slot,
                 pin,
                 prompt_logprobs,
             },
         );
         self.next_arrival += 1;
-        let table = self.scheduler.kv().table();
+        let table = self.scheduler.kv().table().salted(request.cache_salt);
         let mut seq = Sequence::new(id, prompt, table, request.priority, self.next_arrival);
         if request.prompt_logprobs.is_some() {
             seq = seq.with_prompt_logprobs();
@@ -631,6 +633,7 @@ impl Worker {
             completion_tokens: s.num_generated(),
             cached_tokens: s.cached_tokens(),
         });
+        out.slot = None;
         let _ = out.events.try_send(Event::Finished {
             reason,
             usage,

@@ -100,6 +100,24 @@ pub enum Caller {
     Key(KeyId),
 }
 
+impl Caller {
+    /// The salt of this caller's prefix-cache blocks: a key's blocks are found only by its own
+    /// requests (past any shared prefix); without keys everything is one tenant's.
+    pub fn cache_salt(self, shared_prefix: usize) -> Option<engine::CacheSalt> {
+        match self {
+            Self::Anonymous => None,
+            Self::Key(id) => {
+                let mut h = std::hash::DefaultHasher::new();
+                std::hash::Hash::hash(&id, &mut h);
+                Some(engine::CacheSalt {
+                    salt: std::hash::Hasher::finish(&h),
+                    shared_prefix,
+                })
+            }
+        }
+    }
+}
+
 impl fmt::Display for Caller {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

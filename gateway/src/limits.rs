@@ -267,6 +267,9 @@ pub struct Admission {
     pub deadlines: Deadlines,
     /// The engine priority of every sequence the request runs, its internal agents' included.
     pub priority: i32,
+    /// Tokens at the start of its prompts that every caller shares (an agent's system prompt):
+    /// their prefix-cache blocks are everyone's; the rest are the caller's alone.
+    pub shared_prefix: usize,
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Admission {
@@ -331,6 +334,7 @@ impl Admission {
         let charge = state.limits().charge_tokens(self.caller, cost).await?;
         request.deadline = Some(self.deadlines.total);
         request.priority = self.priority;
+        request.cache_salt = self.caller.cache_salt(self.shared_prefix);
         let events = match state.transport().submit(agent, request).await {
             Ok(events) => events,
             Err(e) => {
@@ -388,7 +392,10 @@ impl Admission {
     pub fn engine(&self, state: &AppState, seats: &Seats, agent: Option<&str>) -> AdmittedEngine {
         AdmittedEngine {
             state: state.clone(),
-            admission: *self,
+            admission: Admission {
+                shared_prefix: 0,
+                ..*self
+            },
             seats: seats.clone(),
             agent: agent.map(str::to_owned),
             refusal: std::sync::Mutex::new(None),
@@ -497,6 +504,7 @@ impl Limits {
             arrived,
             deadlines: self.timeouts.from(arrived),
             priority: 0,
+            shared_prefix: 0,
         })
     }
 }
@@ -572,9 +580,11 @@ mod tests {
             poll_once(&mut two).is_pending(),
             "one seat free: it waits for both"
         );
-        assert_eq!(queue.slots.available_permits(), 1, "holding none meanwhile");
         let mut all = Box::pin(queue.enter(4));
-        assert!(poll_once(&mut all).is_pending());
+        assert!(
+            poll_once(&mut all).is_pending(),
+            "the free seat is the first in line's: no one jumps it"
+        );
         drop(three);
         let Poll::Ready(two) = poll_once(&mut two) else {
             panic!("freed seats go to the line, in order");

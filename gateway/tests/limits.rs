@@ -194,6 +194,40 @@ async fn keys_are_required_except_on_probes_and_public_metrics() {
 }
 
 #[tokio::test]
+async fn a_key_finds_only_its_own_prompts_in_the_prefix_cache() {
+    let state = state(with_keys());
+    let _engine = generating().await;
+    // Long enough for several full blocks, and unlike any other test's prompt.
+    let body = json!({
+        "model": MODEL_ID,
+        "messages": [{"role": "user", "content": format!(
+            "Isolation probe {}: {}", uuid::Uuid::new_v4(), "a quiet sentence to cache. ".repeat(12)
+        )}],
+        "max_tokens": 1,
+    });
+    let cached = |key: &'static str| {
+        let state = state.clone();
+        let body = body.clone();
+        async move {
+            let (status, _, text) =
+                call(&state, post("/v1/chat/completions", Some(key), &body)).await;
+            assert_eq!(status, StatusCode::OK, "{text}");
+            let body: Value = serde_json::from_str(&text).unwrap();
+            body["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap()
+        }
+    };
+    assert_eq!(cached(KEY).await, 0, "a new prompt");
+    assert!(cached(KEY).await >= 32, "the same key finds its blocks");
+    assert_eq!(
+        cached(OTHER_KEY).await,
+        0,
+        "another key finds nothing of the first key's prompt"
+    );
+}
+
+#[tokio::test]
 async fn a_key_over_its_requests_per_minute_gets_429_with_retry_after() {
     let state = state(ServeConfig {
         rpm: 2,
@@ -392,8 +426,9 @@ async fn requests_are_admitted_by_their_sequences_so_the_engine_takes_each() {
     let answers = futures::future::join_all([with_n(4), with_n(1), with_n(4)]).await;
     for (answer, n) in answers.into_iter().zip([4, 1, 4]) {
         let answer = answer.unwrap();
-        assert_eq!(answer.status(), 200);
+        let status = answer.status();
         let body: Value = answer.json().await.unwrap();
+        assert_eq!(status, 200, "{body}");
         assert_eq!(body["choices"].as_array().unwrap().len(), n, "{body}");
     }
     // More sequences than the server ever admits at once can never run.
@@ -480,7 +515,7 @@ fn samples(text: &str) -> HashMap<String, f64> {
 async fn metrics_expose_the_families_and_count_traffic() {
     let state = state(with_keys());
     let scrape = || async {
-        let (status, headers, body) = call(&state, get("/metrics", None)).await;
+        let (status, headers, body) = call(&state, get("/metrics", Some(KEY))).await;
         assert_eq!(status, StatusCode::OK);
         assert!(headers[header::CONTENT_TYPE]
             .to_str()

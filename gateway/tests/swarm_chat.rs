@@ -100,10 +100,17 @@ impl Answer {
 }
 
 async fn chat(state: AppState, body: Value) -> Answer {
-    let request = Request::post("/v1/chat/completions")
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
+    chat_with(state, body, &[]).await
+}
+
+/// [`chat`], with these extra headers.
+async fn chat_with(state: AppState, body: Value, headers: &[(&str, &str)]) -> Answer {
+    let mut request =
+        Request::post("/v1/chat/completions").header(header::CONTENT_TYPE, "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request.body(Body::from(body.to_string())).unwrap();
     let response = app(state).oneshot(request).await.unwrap();
     let status = response.status();
     let agent = response
@@ -361,13 +368,13 @@ async fn a_provisional_stream_ends_with_the_verdict() {
     wait_until_idle().await;
 }
 
-/// A session (named by `user`) continues through the swarm: the first turn streams live, the
+/// A session (named by `x-session-id`) continues through the swarm: the first turn streams live, the
 /// second is whole, and its generation's prompt holds the first turn, mostly from the cache.
 #[tokio::test]
 async fn a_session_continues_through_the_swarm() {
     let _engine = generating().await;
     let state = state();
-    let user = format!("swarm-session-{}", uuid::Uuid::new_v4());
+    let session = format!("swarm-session-{}", uuid::Uuid::new_v4());
     let turn = |text: &str, stream: bool| {
         json!({
             "model": "writer",
@@ -375,12 +382,13 @@ async fn a_session_continues_through_the_swarm() {
             "max_tokens": 40,
             "temperature": 0,
             "stream": stream,
-            "user": user,
         })
     };
-    let first = chat(
+    let in_session = [("x-session-id", session.as_str())];
+    let first = chat_with(
         state.clone(),
         turn("Write a two-line poem about autumn leaves.", true),
+        &in_session,
     )
     .await;
     assert_eq!(first.status, StatusCode::OK);
@@ -388,7 +396,12 @@ async fn a_session_continues_through_the_swarm() {
     let hops = &chunks[chunks.len() - 1]["swarm"]["usage"];
     let first = hops_of(hops, "generate")[0].clone();
 
-    let second = chat(state, turn("Now one about spring rain.", false)).await;
+    let second = chat_with(
+        state,
+        turn("Now one about spring rain.", false),
+        &in_session,
+    )
+    .await;
     let body = second.json();
     assert_eq!(second.status, StatusCode::OK, "{body}");
     let second = hops_of(&body["swarm"]["usage"], "generate")[0];

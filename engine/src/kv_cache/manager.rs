@@ -25,7 +25,8 @@ use std::rc::Rc;
 
 use super::block_pool::{BlockId, DevicePool};
 use super::host_tier::{HostSlot, HostTier};
-use super::prefix::{extend_keys, BlockKey};
+use super::prefix::{extend_keys, BlockKey, Salts};
+use crate::request::CacheSalt;
 
 #[derive(Clone, Debug)]
 pub struct KvConfig {
@@ -182,6 +183,7 @@ impl KvManager {
             blocks: Vec::new(),
             keys: Vec::new(),
             registered: 0,
+            tenant: None,
         }
     }
 
@@ -288,9 +290,24 @@ pub struct BlockTable {
     keys: Vec<BlockKey>,
     /// Leading blocks already offered to the prefix cache.
     registered: usize,
+    /// Whose blocks the sequence may share; `None`: everyone's.
+    tenant: Option<CacheSalt>,
 }
 
 impl BlockTable {
+    /// The same table, sharing cached blocks as `tenant` says.
+    pub fn salted(mut self, tenant: Option<CacheSalt>) -> Self {
+        self.tenant = tenant;
+        self
+    }
+
+    fn salts(&self, model: u64) -> Salts {
+        Salts {
+            model,
+            tenant: self.tenant,
+        }
+    }
+
     pub fn blocks(&self) -> &[BlockId] {
         &self.blocks
     }
@@ -341,7 +358,12 @@ impl BlockTable {
         }
         let bs = s.config.block_size;
         let usable = (tokens.len() - 1) / bs;
-        extend_keys(s.config.salt, &tokens[..usable * bs], bs, &mut self.keys);
+        extend_keys(
+            self.salts(s.config.salt),
+            &tokens[..usable * bs],
+            bs,
+            &mut self.keys,
+        );
         for key in &self.keys[..usable] {
             if let Some(b) = s.device.acquire_cached(key) {
                 self.blocks.push(b);
@@ -380,7 +402,12 @@ impl BlockTable {
         if full <= self.registered {
             return;
         }
-        extend_keys(s.config.salt, &tokens[..full * bs], bs, &mut self.keys);
+        extend_keys(
+            self.salts(s.config.salt),
+            &tokens[..full * bs],
+            bs,
+            &mut self.keys,
+        );
         for i in self.registered..full {
             s.device.register(self.blocks[i], &self.keys[i]);
         }
@@ -629,7 +656,11 @@ mod tests {
         /// block a mark of its own.
         fn expected(&self) -> Vec<u64> {
             let mut keys = Vec::new();
-            extend_keys(7, &self.tokens, BS, &mut keys);
+            let salts = Salts {
+                model: 7,
+                tenant: None,
+            };
+            extend_keys(salts, &self.tokens, BS, &mut keys);
             let mut want: Vec<u64> = keys.iter().map(|k| k.hash.0).collect();
             if !self.tokens.len().is_multiple_of(BS) {
                 want.push(u64::from(self.id) << 32 | self.tokens.len() as u64);

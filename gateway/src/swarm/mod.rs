@@ -41,7 +41,7 @@ use crate::api::{self, ChatCompletionRequest, ChatMessage, MessageContent, Stop}
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::choices::{Choices, Collected, Events};
-use crate::http::swarm::{route_response, Swarm, AUTO_MODEL, SWARM_MODEL};
+use crate::http::swarm::{route_response, system_prefix, Swarm, AUTO_MODEL, SWARM_MODEL};
 use crate::limits::{Admission, AdmittedEngine, Seats};
 use crate::session::Turn;
 use crate::validate::structured;
@@ -316,10 +316,15 @@ impl Run {
             .limits()
             .charge_agent(name, agent.tokens_per_minute, cost)
             .await?;
-        let admission = if self.submitted {
+        let mut admission = if self.submitted {
             self.later
         } else {
             self.admission
+        };
+        // The agent's system prompt is every caller's: its cached blocks are shared.
+        admission.shared_prefix = match system_prefix(self.state.model(), agent) {
+            Some(Ok(tokens)) => tokens.len(),
+            _ => 0,
         };
         let submitted = admission
             .submit_as(

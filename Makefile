@@ -20,6 +20,7 @@ run: models build
 test: models services
 	$(CARGO) test --workspace --all-targets
 	@CARGO="$(CARGO)" scripts/sdk-tests.sh
+	@CARGO="$(CARGO)" scripts/reliability.sh
 
 # The real-client suite alone: the official OpenAI Python SDK against `swarmgate serve`.
 sdk-test: models

@@ -41,7 +41,7 @@ use crate::limits::Events;
 use crate::logprobs;
 use crate::tool_calls::{self, EnvelopeReader, Piece};
 use crate::validate::structured::{self, Reply};
-use crate::validate::validate_chat;
+use crate::validate::{off_io, validate_chat};
 
 /// The messages and service stubs generated from the proto, client included.
 pub mod pb {
@@ -132,7 +132,12 @@ impl InferenceService {
         let admission = state.limits().admit(caller, Instant::now()).await?;
         let model = state.model();
         let limits = state.structured_limits();
-        let valid = validate_chat(wire_request(request.into_inner())?, model, limits)?;
+        let wire = wire_request(request.into_inner())?;
+        // Rendering and tokenizing a large request is heavy: on the blocking pool, as over HTTP.
+        let validating = state.clone();
+        let valid =
+            off_io(move || validate_chat(wire, validating.model(), validating.structured_limits()))
+                .await?;
         structured::compile(model, &valid.structured, limits).await?;
         let seats = admission.reserve(state, 1).await?;
         let events = admission

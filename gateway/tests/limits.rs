@@ -218,12 +218,18 @@ async fn a_key_finds_only_its_own_prompts_in_the_prefix_cache() {
                 .unwrap()
         }
     };
-    assert_eq!(cached(KEY).await, 0, "a new prompt");
-    assert!(cached(KEY).await >= 32, "the same key finds its blocks");
-    assert_eq!(
-        cached(OTHER_KEY).await,
-        0,
-        "another key finds nothing of the first key's prompt"
+    // The chat template's default system prompt opens every prompt: a key may already hold its
+    // first block from another test, but nothing of this prompt's own.
+    let first = cached(KEY).await;
+    let again = cached(KEY).await;
+    assert!(
+        again >= first + 32,
+        "the same key finds its blocks: {first} then {again}"
+    );
+    let other = cached(OTHER_KEY).await;
+    assert!(
+        other + 32 <= again,
+        "another key finds nothing of the first key's prompt: {other} against {again}"
     );
 }
 

@@ -343,9 +343,10 @@ impl Admission {
             }
         };
         let mut charge = Some(charge);
+        // The stream owns a share of the seats: they are free once every stream is dropped.
         let seats = seats.clone();
         let events = events.inspect(move |event| {
-            let _held = &seats;
+            let _seats = &seats;
             if let (Event::Finished { usage, .. }, Some(charge)) = (event, charge.take()) {
                 charge.settle((usage.prompt_tokens + usage.completion_tokens) as u64);
             }

@@ -19,6 +19,7 @@ use serde_json::{Map, Value};
 
 use crate::auth::ApiKey;
 use crate::deadline::Timeouts;
+use crate::validate::agent::AgentLimits;
 
 /// The file read when neither `--config` nor `SWARMGATE_CONFIG` names one, if it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "swarmgate.toml";
@@ -149,13 +150,13 @@ pub struct ServeConfig {
     #[arg(long, env = "SWARMGATE_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// Most agents a swarm may hold; `POST /v1/agents` beyond them is a 400.
-    #[arg(long, env = "SWARMGATE_MAX_AGENTS", default_value_t = 64)]
+    #[arg(long, env = "SWARMGATE_MAX_AGENTS", default_value_t = AgentLimits::DEFAULT.max_agents)]
     pub max_agents: usize,
     /// Largest system prompt an agent added at run time may have, in bytes.
     #[arg(
         long,
         env = "SWARMGATE_MAX_AGENT_PROMPT_BYTES",
-        default_value_t = 32768
+        default_value_t = AgentLimits::DEFAULT.max_prompt_bytes
     )]
     pub max_agent_prompt_bytes: usize,
     /// Largest description, and largest routing example, an agent added at run time may have,
@@ -163,14 +164,14 @@ pub struct ServeConfig {
     #[arg(
         long,
         env = "SWARMGATE_MAX_AGENT_DESCRIPTION_BYTES",
-        default_value_t = 2048
+        default_value_t = AgentLimits::DEFAULT.max_description_bytes
     )]
     pub max_agent_description_bytes: usize,
     /// Most routing examples an agent added at run time may have.
     #[arg(
         long,
         env = "SWARMGATE_MAX_AGENT_ROUTING_EXAMPLES",
-        default_value_t = 64
+        default_value_t = AgentLimits::DEFAULT.max_routing_examples
     )]
     pub max_agent_routing_examples: usize,
     /// Most `tools` one request may define.
@@ -243,10 +244,10 @@ impl Default for ServeConfig {
             request_timeout_secs: 600.0,
             swarm: None,
             database_url: None,
-            max_agents: 64,
-            max_agent_prompt_bytes: 32768,
-            max_agent_description_bytes: 2048,
-            max_agent_routing_examples: 64,
+            max_agents: AgentLimits::DEFAULT.max_agents,
+            max_agent_prompt_bytes: AgentLimits::DEFAULT.max_prompt_bytes,
+            max_agent_description_bytes: AgentLimits::DEFAULT.max_description_bytes,
+            max_agent_routing_examples: AgentLimits::DEFAULT.max_routing_examples,
             max_tools: 128,
             max_schema_bytes: 65536,
             max_schema_depth: 32,
@@ -471,8 +472,8 @@ impl ServeConfig {
     }
 
     /// The bounds on agents added at run time.
-    pub fn agent_limits(&self) -> crate::validate::agent::AgentLimits {
-        crate::validate::agent::AgentLimits {
+    pub fn agent_limits(&self) -> AgentLimits {
+        AgentLimits {
             max_agents: self.max_agents,
             max_prompt_bytes: self.max_agent_prompt_bytes,
             max_description_bytes: self.max_agent_description_bytes,

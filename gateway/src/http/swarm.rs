@@ -21,7 +21,7 @@ use std::sync::{Arc, Weak};
 
 use axum::extract::State;
 use axum::Json;
-use engine::{ChatMessage, Embedder, ModelInfo};
+use engine::Embedder;
 use router::route::embedding::DEFAULT_METHOD;
 use router::{
     AgentId, AgentSpec, EmbeddingRouter, LlmRouter, Registry, Route, RoutingConfig,
@@ -340,22 +340,6 @@ async fn follow(
             Err(e) => tracing::warn!(error = %e, "cannot reload the agents from the store"),
         }
     }
-}
-
-/// What every prompt of `agent` starts with: its system prompt alone, rendered by `model`'s chat
-/// template (no generation header) and encoded as chat requests are. Chat requests answered by
-/// the agent put this system message first, so their token ids begin with these, and a pin of
-/// them keeps that prefix warm. `None` for an agent without a system prompt.
-pub fn system_prefix(model: &ModelInfo, agent: &AgentSpec) -> Option<engine::Result<Vec<u32>>> {
-    if agent.system_prompt.trim().is_empty() {
-        return None;
-    }
-    let system = [ChatMessage::new("system", agent.system_prompt.as_str())];
-    Some(
-        model
-            .encode_chat(&system, false)
-            .map(|prompt| prompt.tokens),
-    )
 }
 
 /// Chooses the agent that would answer a conversation, without generating.

@@ -4,7 +4,7 @@
 //! 1. **Route.** `swarm`/`auto` asks the routing agent which answering agent takes the
 //!    conversation's last user turn; an agent's name skips routing.
 //! 2. **Answer as the agent.** The agent's system prompt goes first (so every prompt of the agent
-//!    starts with the tokens its pin keeps warm, [`crate::http::swarm::system_prefix`]), its
+//!    starts with the tokens its pin keeps warm, [`crate::validate::agent::system_prefix`]), its
 //!    sampling defaults fill what the request left out, and the request is validated like any
 //!    chat request. Each generation is charged to the agent's token budget as well as the
 //!    caller's, and counted in the agent's metrics.
@@ -41,9 +41,10 @@ use crate::api::{self, ChatCompletionRequest, ChatMessage, MessageContent, Stop}
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::choices::{Choices, Collected, Events};
-use crate::http::swarm::{route_response, system_prefix, Swarm, AUTO_MODEL, SWARM_MODEL};
+use crate::http::swarm::{route_response, Swarm, AUTO_MODEL, SWARM_MODEL};
 use crate::limits::{Admission, AdmittedEngine, Seats};
 use crate::session::Turn;
+use crate::validate::agent::system_prefix;
 use crate::validate::structured;
 use crate::validate::swarm::validate_route;
 use crate::validate::{off_io, validate_chat, ValidChatRequest};

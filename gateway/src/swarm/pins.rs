@@ -17,7 +17,7 @@ use engine::{EngineHandle, PrefixPin, Prompt};
 use router::{AgentId, AgentSpec};
 use tokio::sync::Mutex;
 
-use crate::http::swarm::system_prefix;
+use crate::validate::agent::system_prefix;
 
 /// Pins may take at most 1/`SHARE_DENOMINATOR` of the device KV capacity.
 pub const SHARE_DENOMINATOR: usize = 2;

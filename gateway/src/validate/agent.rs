@@ -18,7 +18,6 @@ use std::sync::Arc;
 use router::AgentSpec;
 
 use crate::error::ApiError;
-use crate::http::swarm::system_prefix;
 use crate::transport::Transport;
 use crate::validate::MAX_STOP_SEQUENCES;
 
@@ -34,9 +33,19 @@ pub struct AgentLimits {
     pub max_routing_examples: usize,
 }
 
+impl AgentLimits {
+    /// The defaults of `--max-agents` and the `--max-agent-*` flags.
+    pub const DEFAULT: Self = Self {
+        max_agents: 64,
+        max_prompt_bytes: 32768,
+        max_description_bytes: 2048,
+        max_routing_examples: 64,
+    };
+}
+
 impl Default for AgentLimits {
     fn default() -> Self {
-        crate::config::ServeConfig::default().agent_limits()
+        Self::DEFAULT
     }
 }
 
@@ -179,6 +188,28 @@ fn fits_the_context(spec: &AgentSpec, model: &engine::ModelInfo) -> Result<(), A
         }
     }
     Ok(())
+}
+
+/// What every prompt of `agent` starts with: its system prompt alone, rendered by `model`'s chat
+/// template (no generation header) and encoded as chat requests are. Chat requests answered by
+/// the agent put this system message first, so their token ids begin with these, and a pin of
+/// them keeps that prefix warm. `None` for an agent without a system prompt.
+pub fn system_prefix(
+    model: &engine::ModelInfo,
+    agent: &AgentSpec,
+) -> Option<engine::Result<Vec<u32>>> {
+    if agent.system_prompt.trim().is_empty() {
+        return None;
+    }
+    let system = [engine::ChatMessage::new(
+        "system",
+        agent.system_prompt.as_str(),
+    )];
+    Some(
+        model
+            .encode_chat(&system, false)
+            .map(|prompt| prompt.tokens),
+    )
 }
 
 #[cfg(test)]

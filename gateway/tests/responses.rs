@@ -6,13 +6,12 @@
 
 mod support;
 
-use axum::body::Body;
-use axum::http::{header, Method, Request, StatusCode};
+use axum::http::{Method, StatusCode};
 use gateway::config::ServeConfig;
-use gateway::{app, AppState};
+use gateway::AppState;
 use serde_json::{json, Value};
+use support::api::call;
 use support::{engine, generating, MODEL_ID, QUESTION};
-use tower::ServiceExt;
 
 /// The Redis `make test` starts (scripts/services.sh).
 const REDIS: &str = "redis://127.0.0.1:6379";
@@ -39,38 +38,16 @@ fn create(input: Value, extra: Value) -> Value {
     body
 }
 
-/// Sends `method path` (with `body` as JSON, and `key`) through `app` in process: the status and
-/// the JSON body.
-async fn call(
-    state: &AppState,
-    method: Method,
-    path: &str,
-    body: Option<&Value>,
-    key: Option<&str>,
-) -> (StatusCode, Value) {
-    let mut request = Request::builder().method(method).uri(path);
-    if let Some(key) = key {
-        request = request.header(header::AUTHORIZATION, format!("Bearer {key}"));
-    }
-    let request = match body {
-        Some(body) => request
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Body::from(body.to_string())),
-        None => request.body(Body::empty()),
-    };
-    let response = app(state.clone()).oneshot(request.unwrap()).await.unwrap();
-    let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    let body = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|e| panic!("{status}: body is not JSON ({e}): {bytes:?}"));
-    (status, body)
-}
-
 /// Posts `body` to `/v1/responses`; the answer must be a 200.
 async fn respond(state: &AppState, body: &Value, key: Option<&str>) -> Value {
-    let (status, response) = call(state, Method::POST, "/v1/responses", Some(body), key).await;
+    let (status, response) = call(
+        state,
+        Method::POST,
+        "/v1/responses",
+        key,
+        Some(body.clone()),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{response}");
     response
 }
@@ -325,14 +302,14 @@ async fn previous_response_id_chains_and_stays_with_its_key() {
 
     // Another key sees none of it.
     let path = format!("/v1/responses/{}", first["id"].as_str().unwrap());
-    let (status, body) = call(&state, Method::GET, &path, None, Some(OTHER_KEY)).await;
+    let (status, body) = call(&state, Method::GET, &path, Some(OTHER_KEY), None).await;
     assert_not_found(status, &body, None);
     let (status, body) = call(
         &state,
         Method::POST,
         "/v1/responses",
-        Some(&chained_body),
         Some(OTHER_KEY),
+        Some(chained_body.clone()),
     )
     .await;
     assert_not_found(status, &body, Some("previous_response_id"));
@@ -341,8 +318,8 @@ async fn previous_response_id_chains_and_stays_with_its_key() {
         &state,
         Method::POST,
         "/v1/responses",
-        Some(&unknown),
         Some(KEY),
+        Some(unknown),
     )
     .await;
     assert_not_found(status, &body, Some("previous_response_id"));

@@ -22,7 +22,7 @@ use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
-use crate::auth::{self, Auth};
+use crate::auth::{self, Auth, Caller};
 use crate::config::ServeConfig;
 use crate::connection::ConnectionTimeouts;
 use crate::http;
@@ -169,9 +169,15 @@ impl AppState {
         self.inner.started
     }
 
-    /// The bounds on structured outputs and tools.
-    pub fn structured_limits(&self) -> &StructuredLimits {
-        &self.inner.structured
+    /// The bounds on `caller`'s structured outputs, tools and answer lengths: the server's,
+    /// with its key's own `max_tokens` (see [`crate::auth::KeyPolicy`]) within them.
+    pub fn structured_limits(&self, caller: Caller) -> StructuredLimits {
+        let mut limits = self.inner.structured;
+        if let Some(own) = self.inner.auth.policy(caller).max_tokens {
+            let server = limits.max_tokens.limit.unwrap_or(own);
+            limits.max_tokens.limit = Some(server.min(own));
+        }
+        limits
     }
 
     /// The bounds on agents added at run time.

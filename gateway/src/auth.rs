@@ -35,10 +35,56 @@ use subtle::ConstantTimeEq;
 use crate::app::AppState;
 use crate::error::ApiError;
 
-/// An API key as configured. Its `Debug` hides it.
+/// An API key as configured, with what its caller may do beyond the server's bounds. Its
+/// `Debug` hides it.
+///
+/// Flags and environment variables give bare keys; the file may give a key as a table with its
+/// own bounds: `api_keys = ["sk-a", { key = "sk-batch", max_tokens = 256, rpm = 10 }]`.
 #[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct ApiKey(String);
+#[serde(try_from = "serde_json::Value", into = "KeyEntry")]
+pub struct ApiKey {
+    key: String,
+    policy: KeyPolicy,
+}
+
+/// One key's own bounds; each unset one is the server's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyPolicy {
+    /// Most tokens one answer may ask for, within the server's `--max-tokens-limit`; more is
+    /// a 400 naming the field, and an answer that names none gets at most this many.
+    pub max_tokens: Option<usize>,
+    /// Requests per minute, in place of the server's `--rpm`; 0: no limit.
+    pub rpm: Option<u64>,
+    /// Tokens per minute, in place of the server's `--tpm`; 0: no limit.
+    pub tpm: Option<u64>,
+}
+
+/// How the file writes a key: bare, or a table with its bounds.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum KeyEntry {
+    Bare(String),
+    Table(KeyTable),
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyTable {
+    key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rpm: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tpm: Option<u64>,
+}
+
+impl ApiKey {
+    /// This key's own bounds.
+    pub fn policy(&self) -> KeyPolicy {
+        self.policy
+    }
+}
 
 impl FromStr for ApiKey {
     type Err = String;
@@ -48,27 +94,74 @@ impl FromStr for ApiKey {
         if key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic()) {
             return Err("an API key must be non-empty printable ASCII without spaces".into());
         }
-        Ok(Self(key.to_owned()))
+        Ok(Self {
+            key: key.to_owned(),
+            policy: KeyPolicy::default(),
+        })
     }
 }
 
-impl TryFrom<String> for ApiKey {
+impl TryFrom<serde_json::Value> for ApiKey {
     type Error = String;
 
-    fn try_from(key: String) -> Result<Self, String> {
-        key.parse()
+    fn try_from(entry: serde_json::Value) -> Result<Self, String> {
+        if let serde_json::Value::String(key) = entry {
+            return key.parse();
+        }
+        let KeyTable {
+            key,
+            max_tokens,
+            rpm,
+            tpm,
+        } = serde_path_to_error::deserialize(entry).map_err(|e| {
+            let at = match e.path().to_string() {
+                path if path == "." => String::new(),
+                path => format!(" ({path})"),
+            };
+            format!(
+                "a key is a string or a table of key and bounds{at}: {}",
+                e.into_inner()
+            )
+        })?;
+        if max_tokens == Some(0) {
+            return Err("a key's max_tokens must be positive".into());
+        }
+        Ok(Self {
+            policy: KeyPolicy {
+                max_tokens,
+                rpm,
+                tpm,
+            },
+            ..key.parse()?
+        })
     }
 }
 
-impl From<ApiKey> for String {
+impl From<ApiKey> for KeyEntry {
     fn from(key: ApiKey) -> Self {
-        key.0
+        if key.policy == KeyPolicy::default() {
+            Self::Bare(key.key)
+        } else {
+            let KeyPolicy {
+                max_tokens,
+                rpm,
+                tpm,
+            } = key.policy;
+            Self::Table(KeyTable {
+                key: key.key,
+                max_tokens,
+                rpm,
+                tpm,
+            })
+        }
     }
 }
 
 impl fmt::Debug for ApiKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ApiKey(..)")
+        f.debug_struct("ApiKey")
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
     }
 }
 
@@ -148,6 +241,31 @@ pub struct Auth {
     closed: bool,
     admin: Vec<[u8; 32]>,
     metrics_public: bool,
+    policies: KeyPolicies,
+}
+
+/// Each key's own bounds, by the caller it authenticates as.
+#[derive(Clone, Debug, Default)]
+pub struct KeyPolicies(std::collections::HashMap<KeyId, KeyPolicy>);
+
+impl KeyPolicies {
+    /// The bounds of `keys` that have any.
+    pub fn new<'a>(keys: impl IntoIterator<Item = &'a ApiKey>) -> Self {
+        Self(
+            keys.into_iter()
+                .filter(|k| k.policy != KeyPolicy::default())
+                .map(|k| (KeyId::of(&digest(&k.key)), k.policy))
+                .collect(),
+        )
+    }
+
+    /// `caller`'s own bounds (none for the anonymous caller or a key without any).
+    pub fn get(&self, caller: Caller) -> KeyPolicy {
+        match caller {
+            Caller::Anonymous => KeyPolicy::default(),
+            Caller::Key(id) => self.0.get(&id).copied().unwrap_or_default(),
+        }
+    }
 }
 
 /// Routes that answer without a key: probes must work for orchestrators that hold none.
@@ -155,17 +273,23 @@ const PROBES: [&str; 2] = ["/health", "/ready"];
 
 impl Auth {
     pub fn new(keys: &[ApiKey], admin_keys: &[ApiKey], metrics_public: bool) -> Self {
-        let admin: Vec<_> = admin_keys.iter().map(|k| digest(&k.0)).collect();
+        let admin: Vec<_> = admin_keys.iter().map(|k| digest(&k.key)).collect();
         Self {
             digests: keys
                 .iter()
-                .map(|k| digest(&k.0))
+                .map(|k| digest(&k.key))
                 .chain(admin.clone())
                 .collect(),
+            policies: KeyPolicies::new(keys.iter().chain(admin_keys)),
             closed: !keys.is_empty(),
             admin,
             metrics_public,
         }
+    }
+
+    /// `caller`'s own bounds.
+    pub fn policy(&self, caller: Caller) -> KeyPolicy {
+        self.policies.get(caller)
     }
 
     fn is_open(&self, path: &str) -> bool {

@@ -77,6 +77,7 @@ pub struct ServeConfig {
     pub shutdown_grace_secs: u64,
     /// An API key clients must send as `Authorization: Bearer KEY`; repeat the flag for more
     /// (the environment variable takes a comma-separated list). Without keys the API is open.
+    /// In the file, a key may be a table with bounds of its own (`max_tokens`, `rpm`, `tpm`).
     #[arg(
         long = "api-key",
         env = "SWARMGATE_API_KEYS",
@@ -501,6 +502,7 @@ impl ServeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::KeyPolicy;
     use clap::{CommandFactory, Parser};
 
     #[derive(Parser)]
@@ -688,6 +690,48 @@ mod tests {
         }
         .validate()
         .unwrap();
+    }
+
+    #[test]
+    fn a_key_in_the_file_may_carry_its_own_bounds() {
+        let file = TempFile::new(
+            r#"
+            [server]
+            api_keys = ["sk-plain", { key = "sk-batch", max_tokens = 256, rpm = 10 }]
+            admin_keys = [{ key = "sk-root", tpm = 0 }]
+            "#,
+        );
+        let config = load(&["--config", file.arg()]).unwrap();
+        let policies: Vec<_> = config.api_keys.iter().map(ApiKey::policy).collect();
+        assert_eq!(policies[0], KeyPolicy::default());
+        assert_eq!(
+            policies[1],
+            KeyPolicy {
+                max_tokens: Some(256),
+                rpm: Some(10),
+                tpm: None
+            }
+        );
+        assert_eq!(config.admin_keys[0].policy().tpm, Some(0));
+        assert!(
+            !format!("{config:?}").contains("sk-batch"),
+            "keys never show, bounds do"
+        );
+
+        for (entry, says) in [
+            (r#"{ key = "sk-x", max_tokenz = 5 }"#, "max_tokenz"),
+            (r#"{ key = "sk-x", max_tokens = 0 }"#, "positive"),
+            (r#"{ max_tokens = 5 }"#, "key"),
+            (r#"{ key = "sk x" }"#, "without spaces"),
+            (r#"{ key = "sk-x", rpm = -1 }"#, "rpm"),
+        ] {
+            let file = TempFile::new(&format!("[server]\napi_keys = [{entry}]"));
+            let error = load(&["--config", file.arg()]).unwrap_err();
+            assert!(
+                error.contains("api_keys") && error.contains(says),
+                "{entry}: {error}"
+            );
+        }
     }
 
     #[test]

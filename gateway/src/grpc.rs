@@ -131,14 +131,12 @@ impl InferenceService {
             .check(&request.metadata().clone().into_headers())?;
         let admission = state.limits().admit(caller, Instant::now()).await?;
         let model = state.model();
-        let limits = state.structured_limits();
+        let limits = state.structured_limits(caller);
         let wire = wire_request(request.into_inner())?;
         // Rendering and tokenizing a large request is heavy: on the blocking pool, as over HTTP.
         let validating = state.clone();
-        let valid =
-            off_io(move || validate_chat(wire, validating.model(), validating.structured_limits()))
-                .await?;
-        structured::compile(model, &valid.structured, limits).await?;
+        let valid = off_io(move || validate_chat(wire, validating.model(), &limits)).await?;
+        structured::compile(model, &valid.structured, &limits).await?;
         let seats = admission.reserve(state, 1).await?;
         let events = admission
             .submit(state, &seats, valid.prompt_tokens, valid.generate)

@@ -21,7 +21,8 @@
 //!    router and the verifier: their calls run in the request's seats, at its priority, charged
 //!    to its caller.
 //!
-//! Limits are per [`Caller`]: per API key when keys are configured; without keys all traffic
+//! Limits are per [`Caller`]: per API key when keys are configured (a key may have its own
+//! `rpm` and `tpm`, see [`crate::auth::KeyPolicy`]); without keys all traffic
 //! is one caller, so `rpm` and `tpm` bound the server as a whole (per-client limits need a key
 //! per client: addresses behind proxies and NATs do not name clients). A request costing more
 //! tokens than a whole minute's quota is charged the whole quota: it waits for a full bucket
@@ -50,7 +51,7 @@ use futures::{Stream, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::app::AppState;
-use crate::auth::Caller;
+use crate::auth::{Caller, KeyPolicies};
 use crate::config::ServeConfig;
 use crate::deadline::{self, Deadlines, Timeouts};
 use crate::error::ApiError;
@@ -61,6 +62,8 @@ pub struct Limits {
     store: Arc<dyn StateStore>,
     rpm: Option<Quota>,
     tpm: Option<Quota>,
+    /// Keys' own `rpm` and `tpm`, in place of the two above.
+    policies: KeyPolicies,
     queue: AdmissionQueue,
     timeouts: Timeouts,
 }
@@ -73,6 +76,7 @@ impl Limits {
             store,
             rpm: Quota::per_minute(config.rpm),
             tpm: Quota::per_minute(config.tpm),
+            policies: KeyPolicies::new(config.api_keys.iter().chain(&config.admin_keys)),
             queue: AdmissionQueue::new(config.max_concurrent_requests, config.max_queued_requests),
             timeouts: config.timeouts(),
         }
@@ -85,7 +89,8 @@ impl Limits {
 
     /// Takes one request from `caller`'s requests-per-minute bucket.
     async fn check_rate(&self, caller: Caller) -> Result<(), ApiError> {
-        let Some(quota) = self.rpm else {
+        let own = self.policies.get(caller).rpm;
+        let Some(quota) = own.map_or(self.rpm, Quota::per_minute) else {
             return Ok(());
         };
         match self.store.take(&format!("rpm:{caller}"), quota, 1).await? {
@@ -103,7 +108,8 @@ impl Limits {
 
     /// Takes `tokens` (at most the whole quota) from `caller`'s tokens-per-minute bucket.
     async fn charge_tokens(&self, caller: Caller, tokens: u64) -> Result<TokenCharge, ApiError> {
-        let Some(quota) = self.tpm else {
+        let own = self.policies.get(caller).tpm;
+        let Some(quota) = own.map_or(self.tpm, Quota::per_minute) else {
             return Ok(TokenCharge(None));
         };
         self.charge(format!("tpm:{caller}"), quota, tokens, |retry| {

@@ -275,6 +275,72 @@ async fn a_key_over_its_requests_per_minute_gets_429_with_retry_after() {
     assert_eq!(status, StatusCode::OK, "probes are not rate limited");
 }
 
+#[tokio::test]
+async fn a_key_s_own_bounds_replace_the_server_s_for_it_alone() {
+    let _engine = generating().await;
+    // Keys with bounds come from the file, as an operator writes them.
+    let limited: gateway::auth::ApiKey =
+        serde_json::from_value(json!({"key": OTHER_KEY, "max_tokens": 4, "rpm": 3, "tpm": 0}))
+            .unwrap();
+    let state = state(ServeConfig {
+        api_keys: vec![KEY.parse().unwrap(), limited],
+        rpm: 100,
+        tpm: 1,
+        ..ServeConfig::default()
+    });
+    let over = chat(5, false);
+    let (status, _, body) =
+        call(&state, post("/v1/chat/completions", Some(OTHER_KEY), &over)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(error["error"]["type"], "invalid_request_error", "{body}");
+    assert_eq!(error["error"]["param"], "max_tokens", "{body}");
+    assert!(body.contains("at most 4"), "{body}");
+    let mut unnamed = chat(0, false);
+    unnamed.as_object_mut().unwrap().remove("max_tokens");
+    unnamed["ignore_eos"] = json!(true);
+    let (status, _, body) = call(
+        &state,
+        post("/v1/chat/completions", Some(OTHER_KEY), &unnamed),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "its own tpm (0: none) replaces the server's: {body}"
+    );
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        answer["usage"]["completion_tokens"], 4,
+        "its cap is its default too"
+    );
+    // The cap holds on every route; and the fourth request of the minute is over the key's own
+    // rpm of 3.
+    let completion = json!({"model": MODEL_ID, "prompt": "a", "max_tokens": 5});
+    let (status, _, body) = call(
+        &state,
+        post("/v1/completions", Some(OTHER_KEY), &completion),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, _, body) = call(
+        &state,
+        post("/v1/completions", Some(OTHER_KEY), &completion),
+    )
+    .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert!(body.contains("limit 3"), "{body}");
+
+    // The other key has the server's bounds: no cap on max_tokens, a tpm of 1 (a request
+    // larger than the quota empties a full bucket, so one goes through).
+    let (status, _, body) = call(&state, post("/v1/chat/completions", Some(KEY), &over)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _, body) = call(&state, post("/v1/chat/completions", Some(KEY), &over)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert!(body.contains("tokens per minute (limit 1"), "{body}");
+    wait_until_idle().await;
+}
+
 /// The Redis `make test` starts (scripts/services.sh).
 const REDIS: &str = "redis://127.0.0.1:6379";
 

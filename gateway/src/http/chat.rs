@@ -82,7 +82,7 @@ pub async fn create(
         }
     }
     let model_info = state.model();
-    let limits = state.structured_limits();
+    let limits = state.structured_limits(admission.caller);
     let validating = state.clone();
     let ValidChatRequest {
         model,
@@ -94,9 +94,8 @@ pub async fn create(
         logprobs,
         structured,
         ..
-    } = off_io(move || validate_chat(request, validating.model(), validating.structured_limits()))
-        .await?;
-    let warnings = structured::compile(model_info, &structured, limits).await?;
+    } = off_io(move || validate_chat(request, validating.model(), &limits)).await?;
+    let warnings = structured::compile(model_info, &structured, &limits).await?;
     let choices = Choices::submit(&state, &admission, vec![(prompt_tokens, generate)], n).await?;
     let answer = Answer {
         tokenizer: logprobs.map(|_| model_info.tokenizer.clone()),

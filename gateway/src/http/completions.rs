@@ -47,6 +47,7 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let model_info = state.model();
     let validating = state.clone();
+    let limits = state.structured_limits(admission.caller);
     let ValidCompletionRequest {
         model,
         prompts,
@@ -55,14 +56,8 @@ pub async fn create(
         include_usage,
         echo,
         logprobs,
-    } = off_io(move || {
-        validate_completion(
-            request,
-            validating.model(),
-            &validating.structured_limits().max_tokens,
-        )
-    })
-    .await?;
+    } = off_io(move || validate_completion(request, validating.model(), &limits.max_tokens))
+        .await?;
     let echoed: Vec<String> = prompts
         .iter()
         .map(|p| if echo { p.text.clone() } else { String::new() })

@@ -93,13 +93,12 @@ pub async fn create(
     let chat = input::chat_request(&request, &mut tools, &items, first)?;
 
     let model_info = state.model();
-    let limits = state.structured_limits();
+    let limits = state.structured_limits(admission.caller);
     let validating = state.clone();
-    let valid =
-        off_io(move || validate_chat(chat, validating.model(), validating.structured_limits()))
-            .await
-            .map_err(input::renamed)?;
-    let warnings: Vec<String> = structured::compile(model_info, &valid.structured, limits)
+    let valid = off_io(move || validate_chat(chat, validating.model(), &limits))
+        .await
+        .map_err(input::renamed)?;
+    let warnings: Vec<String> = structured::compile(model_info, &valid.structured, &limits)
         .await
         .map_err(input::renamed)?
         .iter()

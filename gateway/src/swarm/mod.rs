@@ -291,14 +291,21 @@ impl Run {
             .frequency_penalty
             .or(widen(defaults.frequency_penalty));
         options.top_k = options.top_k.or(defaults.top_k.map(|k| k as i64));
-        if request.max_completion_tokens.is_none() && options.max_tokens.is_none() {
-            options.max_tokens = defaults.max_tokens.map(|n| n as i64);
-        }
         if options.stop.is_none() {
             options.stop = defaults.stop.clone().map(Stop::Many);
         }
+        let mut limits = self.limits();
+        // The agent's `max_tokens` is its default, within the caller's bound like the server's.
+        if let Some(n) = defaults.max_tokens {
+            limits.max_tokens.chat_default = Some(n);
+        }
         let state = self.state.clone();
-        off_io(move || validate_chat(request, state.model(), state.structured_limits())).await
+        off_io(move || validate_chat(request, state.model(), &limits)).await
+    }
+
+    /// The bounds on what the caller may ask.
+    fn limits(&self) -> structured::StructuredLimits {
+        self.state.structured_limits(self.admission.caller)
     }
 
     /// Submits `valid` as `agent`'s generation: charged to the agent's budget and the caller's,
@@ -309,7 +316,7 @@ impl Run {
         valid: &ValidChatRequest,
     ) -> Result<Events, ApiError> {
         let model = self.state.model();
-        structured::compile(model, &valid.structured, self.state.structured_limits()).await?;
+        structured::compile(model, &valid.structured, &self.limits()).await?;
         let cost = (valid.prompt_tokens + valid.generate.max_tokens) as u64;
         let name = agent.name.as_str();
         let charge = self

@@ -3,7 +3,8 @@
 //!
 //! At start-up (its engine loaded) the worker refuses to run under the id of a live worker (one
 //! whose heartbeats still come), then pins the system prompts of the answering agents it
-//! hosts (`--agents`, else every agent of the swarm file), subscribes to their subjects (and to
+//! hosts (`--agents`, else every agent of the swarm file, or of the agent store with
+//! `--database-url`, whose edits it follows), subscribes to their subjects (and to
 //! requests for no agent) in the workers' queue group, to its own subject, to its cancel
 //! subject and to the answers to its reader probes (see [`crate::transport::protocol`]), and
 //! starts heartbeating into the registry. Each request is checked (version, shape,
@@ -35,6 +36,7 @@ use futures::StreamExt as _;
 use router::{AgentSpec, SwarmConfig};
 use tokio::sync::oneshot;
 
+use crate::agent_store::AgentStore;
 use crate::auth::{ApiKey, Auth};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -58,6 +60,10 @@ pub struct WorkerConfig {
     /// present].
     #[arg(long, env = "SWARMGATE_SWARM")]
     pub swarm: Option<PathBuf>,
+    /// PostgreSQL keeping the agents (the gateways' `--database-url`): the system prompts of
+    /// the agents stored there are pinned instead of the swarm file's, and follow their edits.
+    #[arg(long, env = "SWARMGATE_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
     /// This worker's name in the registry and its subjects [default: a fresh random one].
     #[arg(long, env = "SWARMGATE_WORKER_ID")]
     pub worker_id: Option<String>,
@@ -110,6 +116,8 @@ struct Worker {
     probe_inbox: String,
     in_flight: AtomicUsize,
     draining: AtomicBool,
+    /// The hosted agents whose system prompts are pinned, as the heartbeat tells gateways.
+    warm: Mutex<Vec<String>>,
 }
 
 /// Runs the worker on `engine` until SIGTERM or ctrl-c, then drains.
@@ -129,7 +137,18 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
     }
     let ttl = config.nats.registry_ttl()?;
     let subjects = config.nats.subjects()?;
-    let hosted = hosted_agents(&config)?;
+    let agent_store = match &config.database_url {
+        Some(url) => Some(
+            AgentStore::open(url)
+                .await
+                .context("cannot open the agent store (--database-url)")?,
+        ),
+        None => None,
+    };
+    let hosted = match &agent_store {
+        Some(store) => hosting(store.load().await?, &config.agents),
+        None => hosted_agents(&config)?,
+    };
     let client = config.nats.connect(&format!("swarmgate-{id}")).await?;
     let store = registry::bucket(client.clone(), &subjects, ttl)
         .await
@@ -143,15 +162,8 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
         );
     }
 
-    let pins = Pins::new(engine.clone());
-    let answering: Vec<&AgentSpec> = hosted.iter().filter(|a| !a.kind.is_system()).collect();
-    let pinned = pins.pin(&answering).await?;
-    let mut warm = Vec::new();
-    for agent in &answering {
-        if pins.tokens(agent.name.as_str()).await > 0 {
-            warm.push(agent.name.to_string());
-        }
-    }
+    let pins = Arc::new(Pins::new(engine.clone()));
+    let pinned = pins.sync(&answering(&hosted)).await?;
     let worker = Arc::new(Worker {
         id: id.clone(),
         subjects: subjects.clone(),
@@ -163,6 +175,15 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
         probe_inbox: client.new_inbox(),
         in_flight: AtomicUsize::new(0),
         draining: AtomicBool::new(false),
+        warm: Mutex::new(pins.warm().await),
+    });
+    let following = agent_store.map(|store| {
+        tokio::spawn(follow_agents(
+            store,
+            pins,
+            worker.clone(),
+            config.agents.clone(),
+        ))
     });
 
     let mut requests = SelectAll::new();
@@ -189,7 +210,7 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
             let mut tick = tokio::time::interval(every);
             loop {
                 tick.tick().await;
-                let beat = worker.heartbeat(&agents, &warm);
+                let beat = worker.heartbeat(&agents);
                 if let Err(e) = store.put(&worker.id, protocol::encode(&beat)).await {
                     // The bucket may be gone with a NATS server that restarted: it is opened
                     // again, created if need be, for the next heartbeat.
@@ -245,6 +266,9 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
     // Drain: out of the registry and off the subjects first, so nothing new arrives.
     worker.draining.store(true, Ordering::SeqCst);
     beat.abort();
+    if let Some(following) = following {
+        following.abort();
+    }
     if let Err(e) = store.delete(&id).await {
         tracing::warn!(error = %e, "cannot remove the worker from the registry");
     }
@@ -303,15 +327,48 @@ fn hosted_agents(config: &WorkerConfig) -> anyhow::Result<Vec<AgentSpec>> {
     }) {
         anyhow::bail!("--agents: {} has no agent {missing:?}", path.display());
     }
-    Ok(swarm
-        .agents
+    Ok(hosting(swarm.agents, &config.agents))
+}
+
+/// Those of `agents` named in `names` (`--agents`); all of them when it names none.
+fn hosting(agents: Vec<AgentSpec>, names: &[String]) -> Vec<AgentSpec> {
+    agents
         .into_iter()
-        .filter(|a| config.agents.is_empty() || config.agents.iter().any(|n| n == a.name.as_str()))
-        .collect())
+        .filter(|a| names.is_empty() || names.iter().any(|n| n == a.name.as_str()))
+        .collect()
+}
+
+/// The agents that answer requests, whose system prompts are worth pinning.
+fn answering(agents: &[AgentSpec]) -> Vec<&AgentSpec> {
+    agents.iter().filter(|a| !a.kind.is_system()).collect()
+}
+
+/// Keeps the pins in step with the agent store: reloads after every edit a gateway commits
+/// (and after the listener reconnects), until aborted.
+async fn follow_agents(
+    store: AgentStore,
+    pins: Arc<Pins>,
+    worker: Arc<Worker>,
+    names: Vec<String>,
+) {
+    let mut changes = store.changes();
+    while changes.recv().await.is_some() {
+        let hosted = match store.load().await {
+            Ok(agents) => hosting(agents, &names),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot reload the agents; keeping the pins");
+                continue;
+            }
+        };
+        if let Err(e) = pins.sync(&answering(&hosted)).await {
+            tracing::warn!(error = %e, "cannot pin the agents' system prompts");
+        }
+        *worker.warm.lock().unwrap() = pins.warm().await;
+    }
 }
 
 impl Worker {
-    fn heartbeat(&self, agents: &[String], warm: &[String]) -> Heartbeat {
+    fn heartbeat(&self, agents: &[String]) -> Heartbeat {
         let stats = self.engine.stats();
         Heartbeat {
             v: VERSION,
@@ -322,7 +379,7 @@ impl Worker {
             waiting: stats.waiting.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
             free_kv_blocks: stats.kv().gauges.device_free,
-            warm: warm.to_vec(),
+            warm: self.warm.lock().unwrap().clone(),
         }
     }
 

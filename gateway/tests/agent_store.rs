@@ -3,7 +3,9 @@
 //! see each other's additions and removals within a second, and keep doing so after the
 //! listener's connection is cut; the agents survive a restart; the swarm file seeds only an
 //! empty table; the rules and the bounds hold across replicas; migrations run once; a database
-//! that stops answering makes edits 503s while the agents already loaded keep serving.
+//! that stops answering makes edits 503s while the agents already loaded keep serving; a worker
+//! (a real process, over the machine's NATS server) pins the stored agents' system prompts and
+//! follows a gateway's edits.
 
 mod support;
 
@@ -12,10 +14,12 @@ use std::time::{Duration, Instant};
 use axum::http::{Method, StatusCode};
 use gateway::agent_store::AgentStore;
 use gateway::http::swarm::Swarm;
+use gateway::transport::protocol::{self, Heartbeat, Subjects};
 use gateway::{AppState, ServeConfig};
 use router::SwarmConfig;
 use serde_json::{json, Value};
 use support::api::call;
+use support::cluster::{self, cluster, NATS_URL};
 use support::postgres::TestDatabase;
 use support::{engine, root};
 
@@ -259,4 +263,86 @@ async fn a_database_that_stops_answering_refuses_edits_but_not_reads() {
     let (status, _) = call(&state, Method::DELETE, "/v1/agents/coder", ADMIN, None).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(names(&state).await, before);
+}
+
+/// The agents a worker tells the registry it holds warm, once it has heartbeated.
+async fn warm(registry: &async_nats::jetstream::kv::Store, worker: &str) -> Option<Vec<String>> {
+    let entry = registry.get(worker).await.unwrap()?;
+    let beat: Heartbeat = protocol::decode(&entry).unwrap();
+    Some(beat.warm)
+}
+
+/// Waits, at most `limit`, until `worker`'s heartbeat says `agent` is warm (or, when `present`
+/// is false, no longer is); returns how long that took.
+async fn warmed(
+    registry: &async_nats::jetstream::kv::Store,
+    worker: &str,
+    agent: &str,
+    present: bool,
+    limit: Duration,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        let warm = warm(registry, worker).await.unwrap_or_default();
+        if warm.iter().any(|a| a == agent) == present {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "`{agent}` still {} warm after {limit:?}: {warm:?}",
+            if present { "not" } else { "" }
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_worker_pins_the_stored_agents_and_follows_the_gateways_edits() {
+    let db = TestDatabase::create("worker_pins").await;
+    let gateway = replica(&db, ServeConfig::default()).await;
+    let cluster = cluster("pins");
+    let url = db.url();
+    let worker = cluster::worker(&cluster, "pins", &["--database-url", &url]).await;
+    let client = async_nats::connect(NATS_URL).await.unwrap();
+    let subjects = Subjects::new(&cluster).unwrap();
+    let registry = gateway::transport::registry::bucket(client, &subjects, Duration::from_secs(2))
+        .await
+        .unwrap();
+    // The stored agents are the shipped file's: the worker pins the answering ones.
+    let shipped_agent = shipped()
+        .agents
+        .into_iter()
+        .find(|a| !a.kind.is_system() && !a.system_prompt.trim().is_empty())
+        .unwrap();
+    warmed(
+        &registry,
+        "pins",
+        shipped_agent.name.as_str(),
+        true,
+        Duration::from_secs(10),
+    )
+    .await;
+
+    // An agent added through a gateway is pinned on the worker, and released when removed.
+    let mut gardener = agent("gardener");
+    gardener["system_prompt"] = json!(
+        "You are a patient gardening expert. You answer questions about vegetables, flowers, \
+         soil, compost, pests and the seasons, in plain words, with one practical step the \
+         gardener can take today."
+    );
+    let (status, body) = call(&gateway, Method::POST, "/v1/agents", ADMIN, Some(gardener)).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let pinned = warmed(&registry, "pins", "gardener", true, Duration::from_secs(5)).await;
+    let (status, body) = call(&gateway, Method::DELETE, "/v1/agents/gardener", ADMIN, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let released = warmed(&registry, "pins", "gardener", false, Duration::from_secs(5)).await;
+    println!("added agent warm on the worker after {pinned:?}, released after {released:?}");
+    assert!(
+        warm(&registry, "pins")
+            .await
+            .unwrap()
+            .contains(&shipped_agent.name.to_string()),
+        "the other pins stay"
+    );
+    drop(worker);
 }

@@ -234,29 +234,16 @@ impl Swarm {
         if *current == next {
             return Ok(());
         }
-        let answering = |registry: &Registry, name: &str| {
-            registry.get(name).is_some_and(|a| !a.kind.is_system())
-        };
-        let unpinned: Vec<AgentId> = current
-            .agents()
-            .filter(|a| !a.kind.is_system() && !answering(&next, a.name.as_str()))
-            .map(|a| a.name.clone())
-            .collect();
-        let changed: Vec<AgentSpec> = next
-            .agents()
-            .filter(|a| !a.kind.is_system() && current.get(a.name.as_str()) != Some(*a))
-            .cloned()
-            .collect();
         self.inner.registry.update(move |registry| {
             *registry = next;
             Ok(())
         })?;
         if let Some(pins) = &self.inner.pins {
-            for name in &unpinned {
-                pins.unpin(name.as_str()).await;
-            }
+            let registry = self.inner.registry.snapshot();
+            let answering: Vec<&AgentSpec> =
+                registry.agents().filter(|a| !a.kind.is_system()).collect();
             // The agents serve unpinned meanwhile; the edit is committed and stays.
-            if let Err(e) = pins.pin(&changed.iter().collect::<Vec<_>>()).await {
+            if let Err(e) = pins.sync(&answering).await {
                 tracing::warn!(error = %e, "cannot pin the changed agents' system prompts");
             }
         }

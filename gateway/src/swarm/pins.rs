@@ -3,7 +3,7 @@
 //! with a prefix-cache hit, however much other traffic went through the cache meanwhile.
 //!
 //! Pins are taken when the swarm is loaded and when an agent is added, and released when it is
-//! removed. Agents with the same system prompt share its blocks (the cache keys blocks by
+//! removed; [`Pins::sync`] brings them in step with a swarm reloaded from the agent store. Agents with the same system prompt share its blocks (the cache keys blocks by
 //! content), so pinning one prompt twice costs nothing more.
 //!
 //! Invariant: the pinned prefixes together never take more than [`SHARE_DENOMINATOR`]⁻¹ of the
@@ -26,7 +26,13 @@ pub const SHARE_DENOMINATOR: usize = 2;
 /// the prefills run), so the share is never overcommitted by two edits at once.
 pub struct Pins {
     engine: EngineHandle,
-    pinned: Mutex<BTreeMap<AgentId, PrefixPin>>,
+    pinned: Mutex<BTreeMap<AgentId, Pinned>>,
+}
+
+/// One agent's pin, and the system prompt it holds.
+struct Pinned {
+    prompt: String,
+    pin: PrefixPin,
 }
 
 impl Pins {
@@ -42,9 +48,35 @@ impl Pins {
     /// the tokens pinned. An agent without a system prompt, or whose prompt does not fit in the
     /// share left (see the module header), stays unpinned.
     pub async fn pin(&self, agents: &[&AgentSpec]) -> engine::Result<usize> {
+        let mut pinned = self.pinned.lock().await;
+        self.pin_locked(&mut pinned, agents).await
+    }
+
+    /// Makes the pins those of exactly `agents`: releases the pins of agents not among them,
+    /// and pins those whose system prompt is not pinned yet (new agents, changed prompts).
+    /// Returns the tokens newly pinned.
+    pub async fn sync(&self, agents: &[&AgentSpec]) -> engine::Result<usize> {
+        let mut pinned = self.pinned.lock().await;
+        pinned.retain(|name, _| agents.iter().any(|a| a.name == *name));
+        let changed: Vec<&AgentSpec> = agents
+            .iter()
+            .copied()
+            .filter(|a| {
+                pinned
+                    .get(&a.name)
+                    .is_none_or(|p| p.prompt != a.system_prompt)
+            })
+            .collect();
+        self.pin_locked(&mut pinned, &changed).await
+    }
+
+    async fn pin_locked(
+        &self,
+        pinned: &mut BTreeMap<AgentId, Pinned>,
+        agents: &[&AgentSpec],
+    ) -> engine::Result<usize> {
         let model = self.engine.model();
         let share = model.kv_capacity_tokens / SHARE_DENOMINATOR;
-        let mut pinned = self.pinned.lock().await;
         let mut warming = Vec::new();
         for agent in agents {
             pinned.remove(&agent.name);
@@ -56,6 +88,7 @@ impl Pins {
             let tokens = ids.len();
             let taken: usize = pinned
                 .values()
+                .map(|p| &p.pin)
                 .chain(warming.iter().map(|(_, pin)| pin))
                 .map(PrefixPin::tokens)
                 .sum();
@@ -70,17 +103,18 @@ impl Pins {
                 continue;
             }
             let pin = self.engine.pin_prefix(&Prompt::Tokens(ids))?;
-            warming.push((agent.name.clone(), pin));
+            warming.push((*agent, pin));
         }
         let mut total = 0;
-        for (name, mut pin) in warming {
+        for (agent, mut pin) in warming {
             if pin.pinned().await == 0 {
                 // Shorter than a block, or its prefill failed: nothing is kept warm.
-                tracing::warn!(agent = %name, "system prompt not pinned");
+                tracing::warn!(agent = %agent.name, "system prompt not pinned");
                 continue;
             }
             total += pin.tokens();
-            pinned.insert(name, pin);
+            let prompt = agent.system_prompt.clone();
+            pinned.insert(agent.name.clone(), Pinned { prompt, pin });
         }
         Ok(total)
     }
@@ -96,6 +130,12 @@ impl Pins {
             .lock()
             .await
             .get(agent)
-            .map_or(0, PrefixPin::tokens)
+            .map_or(0, |p| p.pin.tokens())
+    }
+
+    /// The agents whose system prompts are pinned.
+    pub async fn warm(&self) -> Vec<String> {
+        let pinned = self.pinned.lock().await;
+        pinned.keys().map(ToString::to_string).collect()
     }
 }

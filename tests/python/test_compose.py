@@ -39,7 +39,7 @@ def swarmgate_services() -> dict:
 
 def test_the_stack_has_the_scale_out_roles_and_their_services():
     services = compose_services()
-    for name in ["nats", "redis", "gateway", "worker", "prometheus", "grafana"]:
+    for name in ["nats", "redis", "postgres", "gateway", "worker", "prometheus", "grafana"]:
         assert name in services, f"no {name} service"
     assert "-js" in services["nats"]["command"], "JetStream is off"
     assert services["gateway"]["command"][0] == "gateway"
@@ -48,6 +48,11 @@ def test_the_stack_has_the_scale_out_roles_and_their_services():
         environment = dict(e.split("=", 1) for e in services[name]["environment"] if "=" in e)
         assert environment["SWARMGATE_NATS"] == "nats://nats:4222", name
     assert "SWARMGATE_REDIS" in " ".join(services["gateway"]["environment"])
+    # Every gateway and worker sees the same agents.
+    for name in ["gateway", "worker", "swarmgate"]:
+        environment = dict(e.split("=", 1) for e in services[name]["environment"] if "=" in e)
+        assert environment["SWARMGATE_DATABASE_URL"].endswith("@postgres:5432/swarmgate"), name
+        assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy", name
 
 
 def test_every_swarmgate_service_uses_real_flags_variables_and_ports():
@@ -78,6 +83,11 @@ def test_prometheus_scrapes_every_replica_on_its_port():
     for name, service in swarmgate_services().items():
         args = service["command"]
         assert (name, args[args.index("--port") + 1]) in targets, f"{name} is not scraped"
+    # /metrics takes a key when keys are configured: every scrape sends the one compose writes.
+    entrypoint = " ".join(compose_services()["prometheus"]["entrypoint"])
+    for job in prometheus["scrape_configs"]:
+        key_file = job["authorization"]["credentials_file"]
+        assert key_file in entrypoint, f"{job['job_name']} reads a key file nobody writes"
 
 
 def test_the_dashboard_queries_metrics_the_gateway_exports():

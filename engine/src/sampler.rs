@@ -96,7 +96,7 @@ impl Sampler {
     }
 
     /// Whether this request's seed is the one `fault` is armed with.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fault-injection"))]
     pub(crate) fn has_fault(&self, fault: &std::sync::atomic::AtomicU64) -> bool {
         let armed = fault.load(std::sync::atomic::Ordering::Relaxed);
         armed != 0 && self.params.seed == Some(armed)
@@ -114,7 +114,7 @@ impl Sampler {
 
     /// Picks the next token from `logits` (overwritten as scratch) and records it as generated.
     pub fn sample(&mut self, logits: &mut [f32]) -> Sampled {
-        #[cfg(test)]
+        #[cfg(any(test, feature = "fault-injection"))]
         assert!(
             !self.has_fault(&faults::SAMPLE),
             "fault injected into sampling"
@@ -259,10 +259,11 @@ impl Sampler {
     }
 }
 
-/// Panics on demand, for the tests of what the engine does when code panics: a fault armed
-/// with a seed fires in requests with that seed.
-#[cfg(test)]
-pub(crate) mod faults {
+/// Panics on demand, for the tests of what the engine and its servers do when code panics: a
+/// fault armed with a seed fires in requests with that seed. Only in tests and with the
+/// `fault-injection` feature.
+#[cfg(any(test, feature = "fault-injection"))]
+pub mod faults {
     use std::sync::atomic::AtomicU64;
 
     /// Fires in [`super::Sampler::sample`].

@@ -548,7 +548,7 @@ impl Worker {
         let Some(out) = self.outputs.get_mut(&id) else {
             return;
         };
-        #[cfg(test)]
+        #[cfg(any(test, feature = "fault-injection"))]
         assert!(
             !out.sampler.has_fault(&sampler::faults::STEP),
             "fault injected into the engine loop"

@@ -1,6 +1,6 @@
 //! Gateways and workers on a NATS server of the test's own (a real `nats-server` on an
 //! ephemeral port): the compose file's per-role users and permissions, TLS with a private CA and
-//! client certificates, a server restart that takes the registry with it, and a server whose
+//! client certificates, `.creds` files (nkeys and JWTs) on a server run by an operator, a server restart that takes the registry with it, and a server whose
 //! `max_payload` is smaller than an answer's prompt logprobs.
 
 mod support;
@@ -14,6 +14,7 @@ use gateway::transport::protocol::{self, Heartbeat, Subjects, VERSION};
 use gateway::transport::registry;
 use serde_json::{json, Value};
 use support::cluster::{self, Process};
+use support::jwt::{self, Operator};
 use support::nats::NatsServer;
 
 const GATEWAY_PASSWORD: &str = "gateway-secret-for-tests";
@@ -394,5 +395,59 @@ async fn tls_with_a_private_ca_and_a_client_certificate() {
     // A server whose certificate another CA signed is not trusted.
     nats.tls_ca = Some(dir.join("other-ca.pem"));
     assert!(nats.connect("test").await.is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn creds_files_log_workers_and_gateways_in_to_an_operator_s_server() {
+    let operator = Operator::new("swarmgate-test");
+    let account = operator.account("swarm");
+    let stranger = Operator::new("elsewhere").account("elsewhere");
+    let server = NatsServer::start(&jwt::server_config(&operator, &[&account]), &[]);
+    let url = server.url();
+    let dir = std::env::temp_dir().join(format!("swarmgate-creds-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let creds = |name: &str, text: String| {
+        let path = dir.join(format!("{name}.creds"));
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let worker_creds = creds("worker", account.user_creds("worker"));
+    let gateway_creds = creds("gateway", account.user_creds("gateway"));
+    let stranger_creds = creds("stranger", stranger.user_creds("stranger"));
+
+    // Without credentials, or with a user of an account the server does not know: refused.
+    assert!(async_nats::connect(&url).await.is_err());
+    let mut nats = NatsArgs::new(&url, "creds");
+    nats.creds = Some(stranger_creds);
+    assert!(nats.connect("test").await.is_err());
+
+    // The flag for the worker, the environment variable for the gateway; a chat goes through.
+    let worker_creds = worker_creds.display().to_string();
+    let mut worker =
+        cluster::spawn_worker(&url, "creds", "w1", &["--nats-creds", &worker_creds], &[]);
+    worker.wait_for("/health", Duration::from_secs(120)).await;
+    let gateway_creds = gateway_creds.display().to_string();
+    let mut gateway = cluster::spawn_gateway(
+        &url,
+        "creds",
+        &[("SWARMGATE_NATS_CREDS", gateway_creds.as_str())],
+    );
+    gateway.wait_for("/ready", Duration::from_secs(120)).await;
+    assert!(!chat(&gateway).await.is_empty());
+    let seed_line = |path: &str| {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("SU"))
+            .unwrap()
+            .to_owned()
+    };
+    for (log, path) in [
+        (worker.tail(), &worker_creds),
+        (gateway.tail(), &gateway_creds),
+    ] {
+        assert!(!log.contains(&seed_line(path)), "a seed in a log:\n{log}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -12,6 +12,7 @@ use engine::{EngineConfig, EngineHandle};
 
 pub mod api;
 pub mod cluster;
+pub mod jwt;
 pub mod nats;
 pub mod postgres;
 

@@ -14,7 +14,8 @@ pub struct EngineConfig {
         default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
     )]
     pub model: PathBuf,
-    /// Memory for the device tier of the KV cache, in MiB; the block pool is preallocated from it.
+    /// Memory for the device tier of the KV cache, in MiB; the block pool is preallocated from it,
+    /// resident from start-up.
     #[arg(long, env = "SWARMGATE_KV_CACHE_MB", default_value_t = 1024)]
     pub kv_cache_mb: usize,
     /// Size the device pool in blocks instead (overrides --kv-cache-mb); small values force

@@ -4,7 +4,10 @@
 //! Layout per layer: `[block][kv_head][slot][head_dim]` f32, so the keys of one head in one
 //! block (the unit attention streams through) are contiguous, and so is a whole block, which
 //! makes a copy between the tiers one `memcpy` per layer and side. Everything is allocated once,
-//! at start-up, from the memory budgets; nothing here allocates afterwards.
+//! at start-up, from the memory budgets; nothing here allocates afterwards. The device tier's
+//! pages are touched then too ([`resident`]), so the process holds its budget from the start
+//! instead of growing into it as blocks are first used: its size then says something about the
+//! rest of its memory. The host tier, an overflow store, is committed as it fills.
 
 use super::{BlockId, CopyOp, HostSlot};
 
@@ -50,7 +53,7 @@ pub struct KvStorage {
 impl KvStorage {
     pub fn new(layout: KvLayout, num_blocks: usize) -> Self {
         let elems = num_blocks * layout.block_elems();
-        let alloc = || (0..layout.num_layers).map(|_| vec![0f32; elems]).collect();
+        let alloc = || (0..layout.num_layers).map(|_| resident(elems)).collect();
         Self {
             layout,
             num_blocks,
@@ -104,6 +107,19 @@ impl KvStorage {
             self.values[layer][at..at + hd].copy_from_slice(&v[head * hd..(head + 1) * hd]);
         }
     }
+}
+
+/// `len` zeros, every page of them written once, so that the system commits them now.
+fn resident(len: usize) -> Vec<f32> {
+    // Freshly allocated zeros are mapped lazily; a plain store of zero into them may be optimised
+    // away as redundant, a volatile one may not.
+    const PAGE: usize = 4096 / std::mem::size_of::<f32>();
+    let mut values = vec![0f32; len];
+    for i in (0..len).step_by(PAGE) {
+        // SAFETY: `i < len`, so the pointer is in bounds and aligned for an f32.
+        unsafe { std::ptr::write_volatile(values.as_mut_ptr().add(i), 0.0) };
+    }
+    values
 }
 
 /// The host tier's memory: `slots` whole blocks.

@@ -4,8 +4,10 @@
 # 1. `swarmgate serve` on a free loopback port, with an API key and small admission bounds (2
 #    running, 2 queued) so that overload's ten-times burst meets them at once: auth, fuzz,
 #    disconnects, overload and slowloris.
-# 2. a gateway and two workers on the machine's NATS (scripts/services.sh starts it), in a
-#    cluster of their own: worker-loss, SIGKILLing one worker under load.
+# 2. two workers on the machine's NATS (scripts/services.sh starts it), in a cluster of their
+#    own, behind two gateways: one with serve's bounds for the same five probes, then one with
+#    the default bounds for worker-loss, SIGKILLing one worker under load (its 16 streams at a
+#    time need more than 4 seats).
 #
 # `--quick` (the default; RELIABILITY_MODE=full for the long run) keeps the whole to a few
 # minutes (the serve probes about a minute once nothing hangs); every probe and every request is bounded, and each stage has a hard time limit. Both
@@ -46,6 +48,13 @@ free_port() {
   "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
+# The bounds the probes of stage 1 meet, also on stage 2's first gateway: answers bounded as an
+# operator bounds them (--default-max-tokens), and deadlines inside the probes' own 20 s wait,
+# so that a request the bounds cannot serve in time gets its 504, not silence.
+BOUNDED=(--api-key "$KEY" --max-concurrent-requests 2 --max-queued-requests 2
+  --default-max-tokens 64 --first-token-timeout-secs 10 --request-timeout-secs 15)
+PROBES=(auth fuzz disconnects overload slowloris)
+
 # start NAME PORT ARGS...: a swarmgate process in the background, its pid in $started.
 start() {
   local name=$1 port=$2
@@ -80,22 +89,18 @@ failed=()
 
 echo "reliability: swarmgate serve" >&2
 port=$(free_port)
-# Answers bounded as an operator bounds them (--default-max-tokens), and deadlines inside the
-# probes' own 20 s wait: a request the bounds cannot serve in time gets its 504, not silence.
-start serve "$port" serve --grpc-port 0 --api-key "$KEY" \
-  --max-concurrent-requests 2 --max-queued-requests 2 \
-  --default-max-tokens 64 --first-token-timeout-secs 10 --request-timeout-secs 15
+start serve "$port" serve --grpc-port 0 "${BOUNDED[@]}"
 serve=$started
 if wait_for "$serve" "$port" /health; then
   probe --base-url "http://127.0.0.1:$port" --pid "$serve" --admission-bound 4 \
-    auth fuzz disconnects overload slowloris "$@" || failed+=(serve)
+    "${PROBES[@]}" "$@" || failed+=(serve)
   kill -0 "$serve" 2>/dev/null || { echo "reliability: serve died (log: $LOGS/serve.log)" >&2; failed+=(serve-died); }
 else
   failed+=(serve-start)
 fi
 kill "$serve" 2>/dev/null || true
 
-echo "reliability: gateway and two workers on $NATS_URL" >&2
+echo "reliability: gateways and two workers on $NATS_URL" >&2
 cluster="reliability-$$-$RANDOM"
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 workers=()
@@ -106,14 +111,25 @@ for id in w1 w2; do
     --model "$model" --kv-cache-mb 96 --threads 1 --heartbeat-ms 250 --registry-ttl-secs 2
   workers+=("$started")
 done
-port=$(free_port)
-start gateway "$port" gateway --nats "$NATS_URL" --cluster "$cluster" --model "$model" \
-  --grpc-port 0 --registry-ttl-secs 2 --stream-timeout-secs 2 --api-key "$KEY"
-gateway=$started
-# Both workers serve, and the gateway sees one (`/ready`); a heartbeat later it sees both.
+# gateway NAME ARGS...: a gateway of the cluster in the background, its port in $port.
+gateway() {
+  local name=$1
+  shift
+  port=$(free_port)
+  start "$name" "$port" gateway --nats "$NATS_URL" --cluster "$cluster" --model "$model" \
+    --grpc-port 0 --registry-ttl-secs 2 --stream-timeout-secs 2 "$@"
+}
+gateway gateway-bounded "${BOUNDED[@]}"
+bounded=$started bounded_port=$port
+gateway gateway --api-key "$KEY"
+default=$started default_port=$port
+# Both workers serve, and the gateways see one (`/ready`); a heartbeat later they see both.
 if wait_for "${workers[0]}" "${worker_ports[0]}" /health && wait_for "${workers[1]}" "${worker_ports[1]}" /health \
-  && wait_for "$gateway" "$port" /ready && sleep 1; then
-  probe --base-url "http://127.0.0.1:$port" --pid "$gateway" --kill-pid "${workers[0]}" \
+  && wait_for "$bounded" "$bounded_port" /ready && wait_for "$default" "$default_port" /ready && sleep 1; then
+  probe --base-url "http://127.0.0.1:$bounded_port" --pid "$bounded" --admission-bound 4 \
+    "${PROBES[@]}" "$@" || failed+=(gateway-bounded)
+  kill -0 "$bounded" 2>/dev/null || { echo "reliability: the gateway died (log: $LOGS/gateway-bounded.log)" >&2; failed+=(gateway-died); }
+  probe --base-url "http://127.0.0.1:$default_port" --pid "$default" --kill-pid "${workers[0]}" \
     worker-loss "$@" || failed+=(gateway)
 else
   failed+=(gateway-start)

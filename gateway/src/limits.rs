@@ -394,8 +394,9 @@ impl Admission {
 
     /// The engine as the router and the verifier see it while they serve this request: each
     /// call runs as `agent`'s (the internal agent's name, for the transport and the metrics),
-    /// in `seats`, at this request's priority, charged to its caller. A call the limits refuse
-    /// fails; [`AdmittedEngine::refusal`] then tells why, to answer with that instead.
+    /// in `seats`, at this request's priority, charged to its caller. A call the limits refuse,
+    /// or end at a deadline, fails; [`AdmittedEngine::refusal`] then tells why, to answer with
+    /// that instead.
     pub fn engine(&self, state: &AppState, seats: &Seats, agent: Option<&str>) -> AdmittedEngine {
         AdmittedEngine {
             state: state.clone(),
@@ -405,7 +406,7 @@ impl Admission {
             },
             seats: seats.clone(),
             agent: agent.map(str::to_owned),
-            refusal: std::sync::Mutex::new(None),
+            refusal: Arc::default(),
         }
     }
 }
@@ -416,12 +417,13 @@ pub struct AdmittedEngine {
     admission: Admission,
     seats: Seats,
     agent: Option<String>,
-    refusal: std::sync::Mutex<Option<ApiError>>,
+    /// Set by a call's submission, or by its relay when a deadline ends it.
+    refusal: Arc<std::sync::Mutex<Option<ApiError>>>,
 }
 
 impl AdmittedEngine {
-    /// Why the limits refused the last call they refused, if they did: the error to answer
-    /// with, rather than the engine error the agent saw.
+    /// Why the limits refused or ended the last call they refused or ended, if they did: the
+    /// error to answer with (a 429, a 503, a 504), rather than the engine error the agent saw.
     pub fn refusal(&self) -> Option<ApiError> {
         self.refusal
             .lock()
@@ -468,6 +470,7 @@ impl Generate for AdmittedEngine {
             // ends when either side does, so dropping the agent's stream cancels the call, and
             // an agent that stops reading holds up the relay, and so the engine's buffer.
             let (tx, rx) = engine::event_channel();
+            let refusal = self.refusal.clone();
             tokio::spawn(async move {
                 loop {
                     let event = tokio::select! {
@@ -476,11 +479,15 @@ impl Generate for AdmittedEngine {
                     };
                     let event = match event {
                         Some(Ok(event)) => event,
-                        Some(Err(e)) => Event::Finished {
-                            reason: engine::FinishReason::Error,
-                            usage: engine::Usage::default(),
-                            error: Some(e.to_string()),
-                        },
+                        Some(Err(e)) => {
+                            let error = Some(e.to_string());
+                            *refusal.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                            Event::Finished {
+                                reason: engine::FinishReason::Error,
+                                usage: engine::Usage::default(),
+                                error,
+                            }
+                        }
                         None => return,
                     };
                     let last = matches!(event, Event::Finished { .. });

@@ -7,9 +7,9 @@ mod support;
 use std::sync::LazyLock;
 
 use axum::body::Body;
-use axum::http::{header, Request, StatusCode};
+use axum::http::{header, Method, Request, StatusCode};
 use engine::{Embedder, EmbedderConfig};
-use gateway::config::DEFAULT_MAX_BODY_BYTES;
+use gateway::config::{ServeConfig, DEFAULT_MAX_BODY_BYTES};
 use gateway::http::embeddings::Embeddings;
 use gateway::{app, AppState};
 use serde_json::{json, Value};
@@ -166,4 +166,27 @@ async fn the_judge_scores_from_log_probabilities_deterministically() {
         "a probability ratio, not a sampled word: {right}"
     );
     assert_eq!(right, again);
+}
+
+/// The judge runs under the request's deadlines: one it misses is the request's 504, as for a
+/// chat, not a server error.
+#[tokio::test]
+async fn a_judge_past_the_first_token_deadline_is_a_504() {
+    let config = ServeConfig {
+        first_token_timeout_secs: 1e-6,
+        ..ServeConfig::default()
+    };
+    // Without the embedding model the relevance check is skipped: the judge is the first step
+    // that waits.
+    let state = AppState::configured(engine().clone(), &config);
+    let (status, body) = support::api::call(
+        &state,
+        Method::POST,
+        "/v1/swarm/verify",
+        None,
+        Some(json!({"question": QUESTION, "answer": "The capital of France is Paris."})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
+    assert_eq!(body["error"]["code"], "timeout", "{body}");
 }

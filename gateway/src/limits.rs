@@ -110,7 +110,7 @@ impl Limits {
     async fn charge_tokens(&self, caller: Caller, tokens: u64) -> Result<TokenCharge, ApiError> {
         let own = self.policies.get(caller).tpm;
         let Some(quota) = own.map_or(self.tpm, Quota::per_minute) else {
-            return Ok(TokenCharge(None));
+            return Ok(TokenCharge::default());
         };
         self.charge(format!("tpm:{caller}"), quota, tokens, |retry| {
             format!(
@@ -131,7 +131,7 @@ impl Limits {
         tokens: u64,
     ) -> Result<TokenCharge, ApiError> {
         let Some(quota) = per_minute.and_then(Quota::per_minute) else {
-            return Ok(TokenCharge(None));
+            return Ok(TokenCharge::default());
         };
         self.charge(format!("agent-tpm:{agent}"), quota, tokens, |retry| {
             format!(
@@ -154,12 +154,12 @@ impl Limits {
     ) -> Result<TokenCharge, ApiError> {
         let amount = tokens.min(quota.capacity());
         match self.store.take(&bucket, quota, amount).await? {
-            Take::Granted => Ok(TokenCharge(Some(Charged {
+            Take::Granted => Ok(TokenCharge(vec![Charged {
                 store: self.store.clone(),
                 bucket,
                 quota,
                 amount,
-            }))),
+            }])),
             Take::Denied { retry_after } => Err(ApiError::RateLimited {
                 message: refused(retry_after.as_secs_f64().ceil()),
                 retry_after,
@@ -168,10 +168,11 @@ impl Limits {
     }
 }
 
-/// Tokens taken from a bucket for one request; [`TokenCharge::settle`] gives back what the
-/// request did not use.
+/// Tokens taken from buckets (the caller's, an agent's budget) for one engine call;
+/// [`TokenCharge::settle`] gives back to each what the call did not use.
 #[must_use = "settle the charge with the tokens used"]
-pub struct TokenCharge(Option<Charged>);
+#[derive(Default)]
+pub struct TokenCharge(Vec<Charged>);
 
 struct Charged {
     store: Arc<dyn StateStore>,
@@ -181,22 +182,29 @@ struct Charged {
 }
 
 impl TokenCharge {
-    /// The request used `used` tokens in all; the rest of the charge goes back to the bucket.
+    /// This charge and `other`, settled together.
+    fn and(mut self, other: TokenCharge) -> Self {
+        self.0.extend(other.0);
+        self
+    }
+
+    /// The call used `used` tokens in all; the rest of each charge goes back to its bucket.
     pub fn settle(self, used: u64) {
-        let Some(charged) = self.0 else { return };
-        let unused = charged.amount.saturating_sub(used);
-        if unused == 0 {
-            return;
-        }
-        // Settled from inside a stream, which cannot wait on the store.
-        tokio::spawn(async move {
-            let given = charged
-                .store
-                .give_back(&charged.bucket, charged.quota, unused);
-            if let Err(e) = given.await {
-                tracing::warn!(error = %e, "could not give back unused tokens");
+        for charged in self.0 {
+            let unused = charged.amount.saturating_sub(used);
+            if unused == 0 {
+                continue;
             }
-        });
+            // Settled from inside a stream, which cannot wait on the store.
+            tokio::spawn(async move {
+                let given = charged
+                    .store
+                    .give_back(&charged.bucket, charged.quota, unused);
+                if let Err(e) = given.await {
+                    tracing::warn!(error = %e, "could not give back unused tokens");
+                }
+            });
+        }
     }
 }
 
@@ -323,11 +331,19 @@ impl Admission {
         prompt_tokens: usize,
         request: GenerateRequest,
     ) -> Result<Events, ApiError> {
-        self.submit_as(state, seats, prompt_tokens, request, None)
-            .await
+        self.submit_as(
+            state,
+            seats,
+            prompt_tokens,
+            request,
+            None,
+            TokenCharge::default(),
+        )
+        .await
     }
 
-    /// [`Admission::submit`], with the request's metrics also counted as `agent`'s.
+    /// [`Admission::submit`], with the request's metrics also counted as `agent`'s, and
+    /// `budget` (taken from the agent's own budget) settled with the caller's charge.
     pub async fn submit_as(
         &self,
         state: &AppState,
@@ -335,9 +351,16 @@ impl Admission {
         prompt_tokens: usize,
         mut request: GenerateRequest,
         agent: Option<&str>,
+        budget: TokenCharge,
     ) -> Result<Events, ApiError> {
         let cost = (prompt_tokens + request.max_tokens) as u64;
-        let charge = state.limits().charge_tokens(self.caller, cost).await?;
+        let charge = match state.limits().charge_tokens(self.caller, cost).await {
+            Ok(charge) => charge.and(budget),
+            Err(e) => {
+                budget.settle(0);
+                return Err(e);
+            }
+        };
         request.deadline = Some(self.deadlines.total);
         request.priority = self.priority;
         request.cache_salt = self.caller.cache_salt(self.shared_prefix);
@@ -456,6 +479,7 @@ impl Generate for AdmittedEngine {
                     prompt_tokens,
                     request,
                     self.agent.as_deref(),
+                    TokenCharge::default(),
                 )
                 .await;
             let mut events = match submitted {

@@ -432,6 +432,12 @@ impl AgentSpec {
         }
     }
 
+    /// Whether this agent runs on the model served as `model_id` (an agent on the `default`
+    /// model runs on whichever model is served).
+    pub fn runs_on(&self, model_id: &str) -> bool {
+        self.model.is_default() || self.model.as_str() == model_id
+    }
+
     /// The policy the verifier applies to this agent's answers: none for system agents, the
     /// default when the swarm file gives none.
     pub fn verifier_policy(&self) -> Option<VerifierPolicy> {

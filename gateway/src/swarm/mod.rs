@@ -105,32 +105,31 @@ pub async fn create(
     policy.checks.json |= wants_json(&request);
     // Tool calls and schema answers are valid by construction: no prose for the verifier to
     // judge, and nothing a retry could fix.
-    let reply = run.prepare(&agent, &request, &[]).await?.structured;
-    if reply.format != engine::ResponseFormat::Text {
+    let prepared = run.prepare(&agent, &request, &[]).await?;
+    let include_usage = prepared.include_usage;
+    if prepared.structured.format != engine::ResponseFormat::Text {
         policy.enabled = false;
     }
-    let reply = reply.reply;
+    let reply = prepared.structured.reply;
     if let Some(consensus) = consensus {
         let outcome = consensus.run(&mut run, &request, agent).await?;
         turn.commit(&outcome.text).await?;
-        return respond::whole(run, report, outcome, stream, &request, reply);
+        return respond::whole(run, report, outcome, stream, include_usage, reply);
     }
     if stream && (!policy.enabled || policy.stream_mode == router::StreamMode::Provisional) {
         let valid = run.prepare(&agent, &request, &[]).await?;
         let events = run.submit(&agent, &valid).await?;
-        let include_usage = respond::include_usage(&request);
         let live = respond::Live {
             agent,
             policy,
             valid,
             events,
-            include_usage,
         };
         return Ok(respond::live(run, report, live, turn));
     }
     let outcome = run.answer(&registry, &request, agent, policy).await?;
     turn.commit(&outcome.text).await?;
-    respond::whole(run, report, outcome, stream, &request, reply)
+    respond::whole(run, report, outcome, stream, include_usage, reply)
 }
 
 /// The agent's default `tools` and `response_format`, where the request brings none.
@@ -262,7 +261,7 @@ impl Run {
         extra: &[ChatMessage],
     ) -> Result<ValidChatRequest, ApiError> {
         let model = self.state.model();
-        if !agent.model.is_default() && agent.model.as_str() != model.id {
+        if !agent.runs_on(&model.id) {
             return Err(ApiError::ModelNotFound(agent.model.to_string()));
         }
         let mut request = request.clone();
@@ -319,7 +318,7 @@ impl Run {
         structured::compile(model, &valid.structured, &self.limits()).await?;
         let cost = (valid.prompt_tokens + valid.generate.max_tokens) as u64;
         let name = agent.name.as_str();
-        let charge = self
+        let budget = self
             .state
             .limits()
             .charge_agent(name, agent.tokens_per_minute, cost)
@@ -334,34 +333,18 @@ impl Run {
             Some(Ok(tokens)) => tokens.len(),
             _ => 0,
         };
-        let submitted = admission
+        let events = admission
             .submit_as(
                 &self.state,
                 &self.seats,
                 valid.prompt_tokens,
                 valid.generate.clone(),
                 Some(name),
+                budget,
             )
-            .await;
-        let events = match submitted {
-            Ok(events) => events,
-            Err(e) => {
-                charge.settle(0);
-                return Err(e);
-            }
-        };
+            .await?;
         self.submitted = true;
-        let mut charge = Some(charge);
-        Ok(Box::pin(futures::StreamExt::inspect(
-            events,
-            move |event| {
-                if let (Ok(engine::Event::Finished { usage, .. }), Some(charge)) =
-                    (event, charge.take())
-                {
-                    charge.settle((usage.prompt_tokens + usage.completion_tokens) as u64);
-                }
-            },
-        )))
+        Ok(events)
     }
 
     /// Generates `agent`'s answers to the prepared requests side by side and lists each as a

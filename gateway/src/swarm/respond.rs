@@ -11,7 +11,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::{skipped, verdict_report, Generated, Outcome, Run};
 use crate::api::swarm::SwarmReport;
-use crate::api::{self, ChatChoice, ChatCompletion, ChatCompletionRequest};
+use crate::api::{self, ChatChoice, ChatCompletion};
 use crate::http::chat::Answer;
 use crate::http::choices::{sse_response, Choices, ChunkFormat, Events, Frame, Update};
 use crate::session::Turn;
@@ -30,7 +30,7 @@ pub(crate) fn whole(
     mut report: SwarmReport,
     outcome: Outcome,
     stream: bool,
-    request: &ChatCompletionRequest,
+    include_usage: bool,
     reply: Reply,
 ) -> Result<Response, crate::error::ApiError> {
     let usage = run.usage();
@@ -40,7 +40,7 @@ pub(crate) fn whole(
     report.consensus = outcome.consensus;
     report.usage = run.hops;
     let response = if stream {
-        let mut answer = Answer::new(agent.clone(), include_usage(request)).replying(reply, 1);
+        let mut answer = Answer::new(agent.clone(), include_usage).replying(reply, 1);
         let mut opening = answer.opening(0).expect("chat opens every choice");
         opening.swarm = Some(report);
         let frames: Vec<_> = std::iter::once(opening)
@@ -81,7 +81,6 @@ pub(crate) struct Live {
     pub valid: ValidChatRequest,
     /// The generation's events.
     pub events: Events,
-    pub include_usage: bool,
 }
 
 /// Streams the agent's answer from its events as it is generated; once it is done, verifies it
@@ -94,12 +93,11 @@ pub(crate) fn live(mut run: Run, mut report: SwarmReport, live: Live, turn: Turn
         policy,
         valid,
         events,
-        include_usage,
     } = live;
     let name = agent.name.to_string();
     let mut answer = Answer {
         tokenizer: valid.logprobs.map(|_| run.state.model().tokenizer.clone()),
-        ..Answer::new(name.clone(), include_usage).replying(valid.structured.reply.clone(), 1)
+        ..Answer::new(name.clone(), valid.include_usage).replying(valid.structured.reply.clone(), 1)
     };
     let (tx, rx) = mpsc::channel(LIVE_BUFFER);
     tokio::spawn(async move {
@@ -182,16 +180,6 @@ pub(crate) fn live(mut run: Run, mut report: SwarmReport, live: Live, turn: Turn
         sse_response(turn.record(ReceiverStream::new(rx))),
         &agent.name.to_string(),
     )
-}
-
-/// Whether a streamed request asked for the usage chunk.
-pub(crate) fn include_usage(request: &ChatCompletionRequest) -> bool {
-    request
-        .options
-        .stream_options
-        .as_ref()
-        .and_then(|o| o.include_usage)
-        .unwrap_or(false)
 }
 
 fn with_agent(mut response: Response, agent: &str) -> Response {

@@ -82,7 +82,7 @@ fn validate(
 ) -> Result<ValidAgent, ApiError> {
     spec.validate()?;
     within_limits(&spec, limits)?;
-    if !spec.model.is_default() && spec.model.as_str() != model.id {
+    if !spec.runs_on(&model.id) {
         return Err(ApiError::invalid(
             "model",
             format!(

@@ -355,6 +355,13 @@ pub struct ErrorBody {
     pub code: Option<&'static str>,
 }
 
+/// One server-sent event of a stream: a chunk, or the closing `[DONE]`.
+#[derive(Debug)]
+pub enum Frame<C> {
+    Chunk(C),
+    Done,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

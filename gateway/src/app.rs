@@ -17,7 +17,7 @@ use axum::extract::{DefaultBodyLimit, Request};
 use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use router::{AgentKind, SwarmConfig, Verifier, VerifierConfig};
+use router::{AgentKind, Registry, SwarmConfig, Verifier, VerifierConfig};
 use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
@@ -61,7 +61,7 @@ struct Inner {
     grpc_max_concurrent_streams: u32,
     structured: StructuredLimits,
     agent_limits: AgentLimits,
-    auth: Auth,
+    auth: Arc<Auth>,
     limits: Limits,
     sessions: Sessions,
     responses: StoredResponses,
@@ -101,7 +101,11 @@ impl AppState {
                 grpc_max_concurrent_streams: config.grpc_max_concurrent_streams,
                 structured: config.structured_limits(),
                 agent_limits: config.agent_limits(),
-                auth: Auth::new(&config.api_keys, &config.admin_keys, config.metrics_public),
+                auth: Arc::new(Auth::new(
+                    &config.api_keys,
+                    &config.admin_keys,
+                    config.metrics_public,
+                )),
                 limits: Limits::new(config, store.clone()),
                 sessions: Sessions::new(config, store.clone()),
                 responses: StoredResponses::new(config, store),
@@ -199,7 +203,7 @@ impl AppState {
         self.inner.grpc_max_concurrent_streams
     }
 
-    pub fn auth(&self) -> &Auth {
+    pub fn auth(&self) -> &Arc<Auth> {
         &self.inner.auth
     }
 
@@ -228,13 +232,13 @@ const DEFAULT_SWARM: &str = include_str!("../../swarm.toml");
 /// The system prompt of the default swarm's verifier agent.
 fn default_verifier_prompt() -> String {
     let swarm = SwarmConfig::parse(DEFAULT_SWARM, "swarm.toml")
-        .expect("the shipped swarm file parses (router's tests check it)");
-    swarm
-        .agents
-        .into_iter()
-        .find(|agent| agent.kind == AgentKind::Verifier)
-        .map(|agent| agent.system_prompt)
-        .expect("the shipped swarm file has a verifier agent")
+        .and_then(|swarm| Registry::new(swarm.agents))
+        .expect("the shipped swarm file parses and keeps the rules (router's tests check it)");
+    let prompt = swarm
+        .list(AgentKind::Verifier)
+        .next()
+        .map(|agent| agent.system_prompt.clone());
+    prompt.expect("the shipped swarm file has a verifier agent")
 }
 
 /// The whole HTTP API.
@@ -279,7 +283,7 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/health", get(http::health::health))
         .route("/ready", get(http::health::ready))
-        .route("/metrics", get(metrics::scrape))
+        .route("/metrics", get(http::health::scrape))
         .route("/openapi.json", get(openapi::serve_spec))
         .route("/docs", get(openapi::docs))
         .fallback(http::not_found)
@@ -287,8 +291,8 @@ pub fn app(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(state.max_body_bytes()))
         .layer(Extension(BodyReadTimeout(state.inner.body_read_timeout)))
         .layer(from_fn_with_state(state.clone(), limits::admit))
-        .layer(from_fn_with_state(state.clone(), auth::authenticate))
-        .layer(from_fn_with_state(state.clone(), metrics::track))
+        .layer(from_fn_with_state(state.auth().clone(), auth::authenticate))
+        .layer(from_fn_with_state(state.metrics().clone(), metrics::track))
         .layer(layers)
         .with_state(state)
 }

@@ -23,6 +23,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
@@ -32,7 +33,6 @@ use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::app::AppState;
 use crate::error::ApiError;
 
 /// An API key as configured, with what its caller may do beyond the server's bounds. Its
@@ -377,11 +377,10 @@ fn digest(key: &str) -> [u8; 32] {
 /// The layer: refuses requests without a valid key (where one is needed) and records the
 /// [`Caller`] for the layers and handlers after it.
 pub async fn authenticate(
-    State(state): State<AppState>,
+    State(auth): State<Arc<Auth>>,
     mut request: Request,
     next: Next,
 ) -> Response {
-    let auth = state.auth();
     let caller = match auth.caller(request.headers()) {
         Ok(caller) => caller,
         Err(_) if auth.is_open(request.uri().path()) => Caller::Anonymous,

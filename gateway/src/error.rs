@@ -39,6 +39,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::EngineError;
 use thiserror::Error;
+use utoipa::IntoResponses;
 
 use crate::api::{ErrorBody, ErrorResponse};
 
@@ -333,6 +334,93 @@ impl From<EngineError> for ApiError {
             | EngineError::ChatTemplate(_)) => Self::Internal(other.to_string()),
         }
     }
+}
+
+// What each kind of route may fail with, as the OpenAPI document tells clients (the
+// responses themselves are built from `ApiError`).
+
+/// What a generation or embedding request may fail with.
+#[derive(IntoResponses)]
+#[allow(dead_code)] // A description for the spec; responses are built by `ApiError`.
+pub enum GenerationErrors {
+    /// The request is invalid; `param` names the field at fault.
+    #[response(status = 400)]
+    BadRequest(ErrorResponse),
+    /// No API key, or a wrong one.
+    #[response(status = 401)]
+    Unauthorized(ErrorResponse),
+    /// The model named does not exist here.
+    #[response(status = 404)]
+    NotFound(ErrorResponse),
+    /// The body is larger than the server accepts.
+    #[response(status = 413)]
+    TooLarge(ErrorResponse),
+    /// The caller is over its requests or tokens per minute; see `Retry-After`.
+    #[response(status = 429, headers(("retry-after" = String, description = "Seconds to wait.")))]
+    RateLimited(ErrorResponse),
+    /// Generation failed.
+    #[response(status = 500)]
+    Internal(ErrorResponse),
+    /// The server is overloaded or its engine is not running (see `Retry-After`), or the
+    /// state store (Redis) the request needs does not answer (`state_store_unavailable`).
+    #[response(status = 503)]
+    Unavailable(ErrorResponse),
+    /// The request ran past its deadline.
+    #[response(status = 504)]
+    Timeout(ErrorResponse),
+}
+
+/// What a request that needs no engine may fail with.
+#[derive(IntoResponses)]
+#[allow(dead_code)] // A description for the spec; responses are built by `ApiError`.
+pub enum AuthErrors {
+    /// No API key, or a wrong one.
+    #[response(status = 401)]
+    Unauthorized(ErrorResponse),
+}
+
+/// What reading or deleting a stored response may fail with.
+#[derive(IntoResponses)]
+#[allow(dead_code)] // A description for the spec; responses are built by `ApiError`.
+pub enum StoredErrors {
+    /// No API key, or a wrong one.
+    #[response(status = 401)]
+    Unauthorized(ErrorResponse),
+    /// No response with this id is stored for this API key.
+    #[response(status = 404)]
+    NotFound(ErrorResponse),
+    /// The state store (Redis) does not answer (`state_store_unavailable`).
+    #[response(status = 503)]
+    Unavailable(ErrorResponse),
+}
+
+/// What the agent administration may fail with.
+#[derive(IntoResponses)]
+#[allow(dead_code)] // A description for the spec; responses are built by `ApiError`.
+pub enum AdminErrors {
+    /// The definition is invalid; `param` names the field at fault.
+    #[response(status = 400)]
+    BadRequest(ErrorResponse),
+    /// No API key, or a wrong one.
+    #[response(status = 401)]
+    Unauthorized(ErrorResponse),
+    /// Editing agents needs an admin key (`admin_key_required`), or is turned off
+    /// (`admin_disabled`).
+    #[response(status = 403)]
+    Forbidden(ErrorResponse),
+    /// No such agent (`agent_not_found`), or the server has no swarm (`model_not_found`).
+    #[response(status = 404)]
+    NotFound(ErrorResponse),
+    /// The name is taken (`agent_exists`), the agent is one the swarm needs
+    /// (`agent_protected`), or the swarm would break a rule (`swarm_invariant`).
+    #[response(status = 409)]
+    Conflict(ErrorResponse),
+    /// The body is larger than the server accepts.
+    #[response(status = 413)]
+    TooLarge(ErrorResponse),
+    /// A fault on the server's side.
+    #[response(status = 500)]
+    Internal(ErrorResponse),
 }
 
 #[cfg(test)]

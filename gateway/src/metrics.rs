@@ -1,6 +1,6 @@
 //! Prometheus metrics, rendered in the text format at `GET /metrics`.
 //!
-//! Each [`AppState`] owns its own recorder (no global one), so tests can run several servers
+//! Each [`crate::AppState`] owns its own recorder (no global one), so tests can run several servers
 //! in one process and read each one's figures. Handles are registered once and kept; labelled
 //! series are looked up by label at record time. Every label takes values from a fixed set
 //! (routes, statuses, reasons, tiers), so the number of series is bounded.
@@ -36,9 +36,7 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
-use crate::app::AppState;
 use crate::error::{ApiError, Rejection};
-use crate::openapi::AuthErrors;
 
 const HTTP_REQUESTS: &str = "swarmgate_http_requests_total";
 const REJECTIONS: &str = "swarmgate_rejections_total";
@@ -523,14 +521,13 @@ fn describe(recorder: &PrometheusRecorder) {
 }
 
 /// The layer: counts every response by route and status, and refusals by reason.
-pub async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub async fn track(State(metrics): State<Metrics>, request: Request, next: Next) -> Response {
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map_or(UNMATCHED, MatchedPath::as_str)
         .to_owned();
     let response = next.run(request).await;
-    let metrics = state.metrics();
     let labels = vec![
         Label::new("route", route),
         Label::new("status", response.status().as_str().to_owned()),
@@ -547,16 +544,8 @@ pub async fn track(State(state): State<AppState>, request: Request, next: Next) 
     response
 }
 
-/// `GET /metrics`: every series in Prometheus' text format.
-#[utoipa::path(get, path = "/metrics", tag = "probes", responses(
-    (status = 200, description = "Prometheus' text exposition format.", body = String,
-        content_type = "text/plain; version=0.0.4"),
-    AuthErrors,
-))]
-pub async fn scrape(State(state): State<AppState>) -> Response {
-    let text = state
-        .metrics()
-        .render(state.transport().local_engine().map(|e| e.stats()));
+/// A scrape's answer: `text`, in Prometheus' text exposition format.
+pub fn exposition(text: String) -> Response {
     (
         [(
             header::CONTENT_TYPE,

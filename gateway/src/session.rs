@@ -48,11 +48,10 @@ use engine::{ChatMessage, ModelInfo};
 use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt};
 
-use crate::api::{self, ChatCompletionChunk, ChatCompletionRequest, MessageContent};
+use crate::api::{self, ChatCompletionChunk, ChatCompletionRequest, Frame, MessageContent};
 use crate::auth::Caller;
 use crate::config::ServeConfig;
 use crate::error::ApiError;
-use crate::http::choices::Frame;
 use crate::state::{HistoryLimit, StateStore};
 use crate::validate;
 

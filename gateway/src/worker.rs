@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use axum::extract::State;
-use axum::http::{header, HeaderMap};
-use axum::response::IntoResponse;
+use axum::http::HeaderMap;
+use axum::response::Response;
 use axum::routing::get;
 use axum::{Json, Router};
 use engine::{EngineConfig, EngineError, EngineHandle, Event};
@@ -39,7 +39,7 @@ use tokio::sync::oneshot;
 use crate::agent_store::AgentStore;
 use crate::auth::{ApiKey, Auth};
 use crate::error::ApiError;
-use crate::metrics::Metrics;
+use crate::metrics::{self, Metrics};
 use crate::swarm::pins::Pins;
 use crate::transport::connection::NatsArgs;
 use crate::transport::protocol::{
@@ -659,13 +659,9 @@ fn lost_stream() -> Event {
 async fn scrape(
     State(worker): State<Arc<Worker>>,
     headers: HeaderMap,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<Response, ApiError> {
     worker.auth.check(&headers)?;
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
+    Ok(metrics::exposition(
         worker.metrics.render(Some(worker.engine.stats())),
     ))
 }

@@ -22,10 +22,9 @@ use router::{AgentId, AgentSpec};
 
 use crate::api::agents::{Agent, AgentList, AgentSummary, AgentView, DeletedAgent};
 use crate::app::AppState;
-use crate::error::ApiError;
+use crate::error::{AdminErrors, ApiError};
 use crate::http::json::ApiJson;
 use crate::http::swarm::{Swarm, SWARM_MODEL};
-use crate::openapi::AdminErrors;
 use crate::validate::agent::validate_agent;
 
 /// Lists the swarm's agents: definitions for an admin key, else names and descriptions.

@@ -32,12 +32,11 @@ use crate::api::{
     ChoiceLogprobs, ChunkChoice, ChunkDelta, StreamEvent,
 };
 use crate::app::AppState;
-use crate::error::ApiError;
+use crate::error::{ApiError, GenerationErrors};
 use crate::http::choices::{sse_response, Choices, ChunkFormat};
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
 use crate::logprobs;
-use crate::openapi::GenerationErrors;
 use crate::session::Echo;
 use crate::tool_calls::{self, EnvelopeReader, Piece};
 use crate::validate::structured::{self, Reply};

@@ -29,7 +29,7 @@ use futures::stream::{self, SelectAll};
 use futures::{Stream, StreamExt};
 use serde::Serialize;
 
-use crate::api::{self, ErrorBody, PromptTokensDetails};
+use crate::api::{self, ErrorBody, Frame, PromptTokensDetails};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::chat::{finish_reason, LOST_STREAM};
@@ -376,13 +376,6 @@ macro_rules! stream_chunk {
 }
 
 stream_chunk!(api::ChatCompletionChunk, api::completions::CompletionChunk);
-
-/// One server-sent event.
-#[derive(Debug)]
-pub enum Frame<C> {
-    Chunk(C),
-    Done,
-}
 
 struct Streamed<F: ChunkFormat> {
     format: F,

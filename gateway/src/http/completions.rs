@@ -20,13 +20,12 @@ use crate::api::completions::{
 };
 use crate::api::{self, StreamEvent};
 use crate::app::AppState;
-use crate::error::ApiError;
+use crate::error::{ApiError, GenerationErrors};
 use crate::http::chat::unix_now;
 use crate::http::choices::{sse_response, Choices, ChunkFormat};
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
 use crate::logprobs::Legacy;
-use crate::openapi::GenerationErrors;
 use crate::validate::completion::{validate_completion, ValidCompletionRequest};
 use crate::validate::off_io;
 

@@ -27,10 +27,9 @@ use crate::api::embeddings::{
     CreateEmbeddingResponse, Embedding, EmbeddingRequest, EmbeddingUsage, EmbeddingVector,
 };
 use crate::app::AppState;
-use crate::error::ApiError;
+use crate::error::{ApiError, GenerationErrors};
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
-use crate::openapi::GenerationErrors;
 use crate::validate::embeddings::{validate_embeddings, EncodingFormat, ValidEmbeddingRequest};
 use crate::validate::DEFAULT_MODEL_ALIAS;
 

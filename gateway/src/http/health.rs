@@ -1,4 +1,5 @@
-//! `GET /health` (live) and `GET /ready` (able to serve), for load balancers and orchestrators.
+//! `GET /health` (live) and `GET /ready` (able to serve), for load balancers and orchestrators,
+//! and `GET /metrics` for Prometheus.
 //!
 //! Both must stay cheap and never touch the engine's queue: a probe that waits behind
 //! generation would mark a busy server dead. `/health` fails (503 `engine_unavailable`) only
@@ -11,9 +12,12 @@
 use axum::extract::State;
 use axum::Json;
 
+use axum::response::Response;
+
 use crate::api::{ErrorResponse, Health, Readiness};
 use crate::app::AppState;
-use crate::error::ApiError;
+use crate::error::{ApiError, AuthErrors};
+use crate::metrics;
 
 /// Whether the server is up.
 #[utoipa::path(get, path = "/health", tag = "probes", responses(
@@ -45,4 +49,18 @@ pub async fn ready(State(state): State<AppState>) -> Result<Json<Readiness>, Api
         status: "ready",
         models,
     }))
+}
+
+/// `GET /metrics`: every series in Prometheus' text format.
+#[utoipa::path(get, path = "/metrics", tag = "probes", responses(
+    (status = 200, description = "Prometheus' text exposition format.", body = String,
+        content_type = "text/plain; version=0.0.4"),
+    AuthErrors,
+))]
+pub async fn scrape(State(state): State<AppState>) -> Response {
+    metrics::exposition(
+        state
+            .metrics()
+            .render(state.transport().local_engine().map(|e| e.stats())),
+    )
 }

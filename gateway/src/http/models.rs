@@ -9,8 +9,8 @@ use axum::Json;
 
 use crate::api::models::{Model, ModelList};
 use crate::app::AppState;
+use crate::error::AuthErrors;
 use crate::http::swarm::SWARM_MODEL;
-use crate::openapi::AuthErrors;
 
 /// Lists the models this server answers to.
 #[utoipa::path(get, path = "/v1/models", tag = "models",

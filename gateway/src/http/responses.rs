@@ -44,16 +44,15 @@ use crate::api::responses::{
     CreateResponse, DeletedResponse, FunctionTool, InputItem, Response, ResponseEvent,
     ResponseInput, ResponseStatus, ResponseStreamEvent, SequencedEvent, TextConfig, TextFormat,
 };
-use crate::api::FinishReason;
+use crate::api::{FinishReason, Frame};
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::config::ServeConfig;
-use crate::error::ApiError;
+use crate::error::{ApiError, GenerationErrors, StoredErrors};
 use crate::http::chat::{unix_now, warned};
-use crate::http::choices::{sse_events, Choices, Frame};
+use crate::http::choices::{sse_events, Choices};
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
-use crate::openapi::{GenerationErrors, StoredErrors};
 use crate::state::{HistoryLimit, StateStore};
 use crate::validate::structured;
 use crate::validate::{off_io, validate_chat};

@@ -31,10 +31,9 @@ use router::{
 use crate::agent_store::{AgentStore, AgentStoreError};
 use crate::api::swarm::{RouteRequest, RouteResponse};
 use crate::app::AppState;
-use crate::error::ApiError;
+use crate::error::{ApiError, GenerationErrors};
 use crate::http::json::ApiJson;
 use crate::limits::{Admission, AdmittedEngine};
-use crate::openapi::GenerationErrors;
 use crate::swarm::pins::Pins;
 use crate::transport::IntoTransport;
 use crate::validate::agent::ValidAgent;
@@ -103,12 +102,12 @@ impl Swarm {
         embedder: Option<Arc<Embedder>>,
     ) -> Result<Self, router::RouterError> {
         let transport = transport.into_transport();
-        let router_agent = config
-            .agents
-            .iter()
-            .find(|a| a.kind == router::AgentKind::Router)
+        let registry = Registry::new(config.agents)?;
+        let router_agent = registry
+            .list(router::AgentKind::Router)
+            .next()
             .map(|a| a.name.to_string());
-        let registry = SharedRegistry::new(Registry::new(config.agents)?);
+        let registry = SharedRegistry::new(registry);
         let margin = config.routing.margin;
         let (following, stop) = match &store {
             Some(_) => {

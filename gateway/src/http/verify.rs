@@ -14,11 +14,10 @@ use router::{Candidate, VerifierChecks};
 
 use crate::api::verify::{VerifyRequest, VerifyResponse};
 use crate::app::AppState;
-use crate::error::ApiError;
+use crate::error::{ApiError, GenerationErrors};
 use crate::http::embeddings::Embeddings;
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
-use crate::openapi::GenerationErrors;
 use crate::validate::off_io;
 use crate::validate::verify::{validate_verify, ValidVerifyRequest};
 

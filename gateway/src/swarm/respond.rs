@@ -11,9 +11,9 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::{skipped, verdict_report, Generated, Outcome, Run};
 use crate::api::swarm::SwarmReport;
-use crate::api::{self, ChatChoice, ChatCompletion};
+use crate::api::{self, ChatChoice, ChatCompletion, Frame};
 use crate::http::chat::Answer;
-use crate::http::choices::{sse_response, Choices, ChunkFormat, Events, Frame, Update};
+use crate::http::choices::{sse_response, Choices, ChunkFormat, Events, Update};
 use crate::session::Turn;
 use crate::validate::structured::Reply;
 use crate::validate::ValidChatRequest;

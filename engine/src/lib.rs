@@ -6,7 +6,7 @@
 //!   [`GenerateRequest`] and returns an [`EventStream`] of text deltas and one final event
 //!   (preceded, when asked for, by the prompt's log-probabilities).
 //!   Dropping the stream cancels the request.
-//! - [`worker`] runs the loop on its own thread: plan a step, run the model, sample, send events.
+//! - [`engine_loop`] runs the loop on its own thread: plan a step, run the model, sample, send events.
 //! - [`scheduler`] decides each step's batch (decodes first, then chunked prefills, then
 //!   admissions under a token budget) and preempts, by swapping to the host tier, when KV blocks
 //!   run out.
@@ -25,6 +25,7 @@
 pub mod config;
 pub mod constraint;
 pub mod embed;
+mod engine_loop;
 pub mod error;
 pub mod kv_cache;
 pub mod model;
@@ -35,7 +36,6 @@ pub mod sequence;
 pub mod stop;
 #[cfg(test)]
 pub(crate) mod test_support;
-mod worker;
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -49,6 +49,7 @@ use tokio::sync::mpsc::Receiver;
 
 pub use config::EngineConfig;
 pub use embed::{Embedder, EmbedderConfig, Embedding};
+pub use engine_loop::{EngineStats, KvSnapshot};
 pub use error::{EngineError, Result};
 pub use model::chat_prompt::{ChatEncoder, ChatPrompt};
 pub use model::chat_template::{ChatMessage, ChatTemplate};
@@ -56,12 +57,11 @@ pub use request::{
     CacheSalt, Event, FinishReason, GenerateRequest, Prompt, RequestId, ResponseFormat,
     SamplingParams, TokenLogprob, Usage,
 };
-pub use worker::{EngineStats, KvSnapshot};
 
+use engine_loop::{Command, EngineLoop, LoopSetup, QueueSlot, Submission};
 use kv_cache::{HostStore, KvConfig, KvStorage};
 use model::{Gguf, Llama};
 use scheduler::SchedulerConfig;
-use worker::{Command, QueueSlot, Submission, Worker, WorkerSetup};
 
 /// What callers need to know about the served model.
 pub struct ModelInfo {
@@ -266,13 +266,13 @@ impl EngineHandle {
             .thread_name(|i| format!("swarmgate-compute-{i}"))
             .build()
             .map_err(|e| EngineError::Model(format!("cannot start compute threads: {e}")))?;
-        let worker_stats = stats.clone();
+        let loop_stats = stats.clone();
         let (running_tx, running) = tokio::sync::watch::channel(());
         std::thread::Builder::new()
             .name("swarmgate-engine".into())
             .spawn(move || {
                 let _running = running_tx;
-                let setup = WorkerSetup {
+                let setup = LoopSetup {
                     model: llama,
                     storage,
                     host,
@@ -281,7 +281,7 @@ impl EngineHandle {
                     tokenizer,
                     eos,
                 };
-                pool.install(move || Worker::new(setup, rx, worker_stats).run())
+                pool.install(move || EngineLoop::new(setup, rx, loop_stats).run())
             })
             .map_err(|e| EngineError::Model(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {

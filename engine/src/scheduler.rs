@@ -440,7 +440,7 @@ mod tests {
         )
     }
 
-    /// Runs one step as the worker would, sampling token 1 for every sampled item.
+    /// Runs one step as the engine loop would, sampling token 1 for every sampled item.
     fn step(s: &mut Scheduler) -> StepPlan {
         let plan = s.schedule();
         s.commit(&plan);
@@ -665,7 +665,7 @@ mod tests {
                     }
                     Op::Step => {
                         let plan = step(&mut s);
-                        // The worker runs the step's copies before the forward pass.
+                        // The engine loop runs the step's copies before the forward pass.
                         s.kv().take_copies();
                         s.kv().copies_done();
                         for id in &plan.unservable {
@@ -673,7 +673,7 @@ mod tests {
                         }
                     }
                     // Finishing, cancelling and expiring all end in removal: the paths differ
-                    // in what the worker tells the client, not in what happens to blocks.
+                    // in what the engine loop tells the client, not in what happens to blocks.
                     Op::Finish(k) | Op::Cancel(k) | Op::Expire(k) => {
                         let ids: Vec<RequestId> = s.sequences().map(|q| q.id).collect();
                         if !ids.is_empty() {

@@ -2,7 +2,7 @@
 //! blocks holding them (on the device, or swapped out to the host tier), and the keys that
 //! order it against the others.
 //!
-//! What a sequence *produces* (sampling, text, events) lives with the worker, so scheduling can
+//! What a sequence *produces* (sampling, text, events) lives with the engine loop, so scheduling can
 //! be reasoned about and tested without a model.
 
 use std::cmp::Reverse;

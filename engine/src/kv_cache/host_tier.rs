@@ -9,7 +9,7 @@
 //!
 //! A slot with a copy to the device still pending is *locked*: it cannot be dropped or reused
 //! until the step's copies have run. This module only keeps the books; the bytes live in
-//! [`super::HostStore`] and move when the worker runs the step's copies.
+//! [`super::HostStore`] and move when the engine loop runs the step's copies.
 
 use std::collections::{BTreeSet, HashMap};
 

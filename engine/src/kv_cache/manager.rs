@@ -9,7 +9,7 @@
 //!   back into new blocks when it resumes;
 //! - *pinning*: pinned prefix blocks stay on the device.
 //!
-//! Data never moves here. Every copy is queued as a [`CopyOp`]; the worker runs the step's copies
+//! Data never moves here. Every copy is queued as a [`CopyOp`]; the engine loop runs the step's copies
 //! in one batch after scheduling and before the forward pass (device-to-host first, then
 //! host-to-device), which is always early enough: a block handed to a new owner is only written
 //! by that forward pass, and a host slot being read is locked until the copies have run.
@@ -670,7 +670,7 @@ mod tests {
     }
 
     /// Stand-ins for the two tiers' memory: one number per block, moved by the copies exactly
-    /// as the worker moves the real keys and values.
+    /// as the engine loop moves the real keys and values.
     struct Contents {
         device: Vec<u64>,
         host: Vec<u64>,

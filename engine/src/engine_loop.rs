@@ -1,7 +1,7 @@
 //! The engine loop, on its own thread: receive requests, plan a step, run the model, sample,
 //! send events, repeat.
 //!
-//! The worker owns everything the step touches (model, KV memory of both tiers, scheduler,
+//! The loop owns everything the step touches (model, KV memory of both tiers, scheduler,
 //! per-request output state); the async world reaches it only through the command channel and
 //! each request's event channel. A request whose event receiver is gone is cancelled at the next
 //! step and its blocks freed; one past its deadline ends with an error event, and so does one
@@ -43,7 +43,7 @@ use crate::stop::TextStream;
 /// text held back, and the end. A request whose buffer has less room is not being read.
 const EVENTS_PER_STEP: usize = 4;
 
-/// A request on its way to the worker.
+/// A request on its way to the engine loop.
 pub(crate) struct Submission {
     pub id: RequestId,
     pub prompt: Vec<u32>,
@@ -76,7 +76,7 @@ enum Origin {
     Pin(u64),
 }
 
-/// A pinned prefix, from the worker's side.
+/// A pinned prefix, from the engine loop's side.
 enum Pin {
     /// Being prefilled by an internal request; its event receiver is kept here so the request
     /// is not taken for cancelled.
@@ -140,7 +140,7 @@ impl EngineStats {
     }
 }
 
-/// What the worker keeps per request besides its [`Sequence`].
+/// What the engine loop keeps per request besides its [`Sequence`].
 struct Output {
     events: Sender<Event>,
     sampler: Sampler,
@@ -165,8 +165,8 @@ struct PromptLogprobs {
     entries: Vec<TokenLogprob>,
 }
 
-/// Everything the worker is built from.
-pub(crate) struct WorkerSetup {
+/// Everything the engine loop is built from.
+pub(crate) struct LoopSetup {
     pub model: Llama,
     pub storage: KvStorage,
     pub host: HostStore,
@@ -176,7 +176,7 @@ pub(crate) struct WorkerSetup {
     pub eos: Vec<u32>,
 }
 
-pub(crate) struct Worker {
+pub(crate) struct EngineLoop {
     model: Llama,
     storage: KvStorage,
     host: HostStore,
@@ -190,9 +190,9 @@ pub(crate) struct Worker {
     stats: Arc<EngineStats>,
 }
 
-impl Worker {
-    pub fn new(setup: WorkerSetup, commands: Receiver<Command>, stats: Arc<EngineStats>) -> Self {
-        let WorkerSetup {
+impl EngineLoop {
+    pub fn new(setup: LoopSetup, commands: Receiver<Command>, stats: Arc<EngineStats>) -> Self {
+        let LoopSetup {
             model,
             storage,
             host,
@@ -220,7 +220,7 @@ impl Worker {
     /// outside sampling leaves the loop's state in doubt: then every request in flight ends with
     /// an error event and the loop stops for good (the handle reports it, and the server exits
     /// so that its supervisor restarts it). A panic while sampling one sequence ends only that
-    /// sequence (see [`Worker::step`]).
+    /// sequence (see [`EngineLoop::step`]).
     pub fn run(mut self) {
         self.publish_stats();
         loop {

@@ -134,6 +134,12 @@ const RETRY_AFTER_SECS: &str = "1";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rejection(pub &'static str);
 
+impl From<crate::state::StoreError> for ApiError {
+    fn from(error: crate::state::StoreError) -> Self {
+        Self::StoreUnavailable(error.0)
+    }
+}
+
 impl ApiError {
     /// A 400 naming the field at fault.
     pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {

@@ -84,7 +84,7 @@ impl Limits {
 
     /// Whether the limits can be applied now (their store answers).
     pub async fn ready(&self) -> Result<(), ApiError> {
-        self.store.ping().await
+        Ok(self.store.ping().await?)
     }
 
     /// Takes one request from `caller`'s requests-per-minute bucket.

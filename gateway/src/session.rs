@@ -295,9 +295,10 @@ impl Turn {
         let json = |messages: &[ChatMessage]| {
             serde_json::to_string(messages).expect("messages serialize to JSON")
         };
-        open.store
+        Ok(open
+            .store
             .append_turn(&open.name, &json(&open.opening), &json(&turn), open.limit)
-            .await
+            .await?)
     }
 
     /// `frames`, a chat answer's stream of one choice, committing the turn before `[DONE]` when

@@ -349,7 +349,7 @@ impl StoredResponses {
         };
         let record = serde_json::to_string(&record).expect("a response serializes to JSON");
         let name = name(caller, &response.id);
-        self.store.put_response(&name, &record, limit.ttl).await
+        Ok(self.store.put_response(&name, &record, limit.ttl).await?)
     }
 
     /// `caller`'s response `id`; a 404 (naming `param`, the field that named it) when there is

@@ -19,8 +19,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::{self, BoxFuture};
 
-use super::{HistoryLimit, Quota, StateStore, Take};
-use crate::error::ApiError;
+use super::{HistoryLimit, Quota, StateStore, StoreError, Take};
 use history::Histories;
 use responses::Records;
 
@@ -156,7 +155,7 @@ impl StateStore for MemoryStore {
         name: &'a str,
         quota: Quota,
         amount: u64,
-    ) -> BoxFuture<'a, Result<Take, ApiError>> {
+    ) -> BoxFuture<'a, Result<Take, StoreError>> {
         let taken = self.take_at(name, quota, amount, Instant::now());
         Box::pin(future::ready(Ok(taken)))
     }
@@ -166,7 +165,7 @@ impl StateStore for MemoryStore {
         name: &'a str,
         quota: Quota,
         amount: u64,
-    ) -> BoxFuture<'a, Result<(), ApiError>> {
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         self.give_back_at(name, quota, amount, Instant::now());
         Box::pin(future::ready(Ok(())))
     }
@@ -175,7 +174,7 @@ impl StateStore for MemoryStore {
         &'a self,
         name: &'a str,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<String>, ApiError>> {
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         let entries = self.histories().read(name, ttl, Instant::now());
         Box::pin(future::ready(Ok(entries)))
     }
@@ -186,7 +185,7 @@ impl StateStore for MemoryStore {
         opening: &'a str,
         turn: &'a str,
         limit: HistoryLimit,
-    ) -> BoxFuture<'a, Result<(), ApiError>> {
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         self.histories()
             .append(name, opening, turn, limit, Instant::now());
         Box::pin(future::ready(Ok(())))
@@ -197,7 +196,7 @@ impl StateStore for MemoryStore {
         name: &'a str,
         record: &'a str,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), ApiError>> {
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         self.responses().put(name, record, ttl, Instant::now());
         Box::pin(future::ready(Ok(())))
     }
@@ -206,12 +205,12 @@ impl StateStore for MemoryStore {
         &'a self,
         name: &'a str,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<Option<String>, ApiError>> {
+    ) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
         let record = self.responses().get(name, ttl, Instant::now());
         Box::pin(future::ready(Ok(record)))
     }
 
-    fn delete_response<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, ApiError>> {
+    fn delete_response<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
         let deleted = self.responses().remove(name);
         Box::pin(future::ready(Ok(deleted)))
     }

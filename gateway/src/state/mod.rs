@@ -32,8 +32,6 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use crate::error::ApiError;
-
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
 
@@ -46,6 +44,12 @@ pub fn open(redis: Option<&str>) -> Arc<dyn StateStore> {
         None => Arc::new(MemoryStore::new()),
     }
 }
+
+/// The store did not answer (a Redis that is down or unreachable); the detail is for the logs.
+/// Requests that needed the store answer 503 `state_store_unavailable`.
+#[derive(Debug, thiserror::Error)]
+#[error("the state store does not answer: {0}")]
+pub struct StoreError(pub String);
 
 /// A rate: `per_minute` units a minute, in bursts of up to a minute's worth.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,7 +105,7 @@ pub trait StateStore: Send + Sync {
         name: &'a str,
         quota: Quota,
         amount: u64,
-    ) -> BoxFuture<'a, Result<Take, ApiError>>;
+    ) -> BoxFuture<'a, Result<Take, StoreError>>;
 
     /// Puts back `amount` that a granted take did not use (never above capacity).
     fn give_back<'a>(
@@ -109,7 +113,7 @@ pub trait StateStore: Send + Sync {
         name: &'a str,
         quota: Quota,
         amount: u64,
-    ) -> BoxFuture<'a, Result<(), ApiError>>;
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// The entries of the history `name`, oldest first (the opening, then the turns); empty
     /// when there is none. A history that exists is kept for another `ttl`.
@@ -117,7 +121,7 @@ pub trait StateStore: Send + Sync {
         &'a self,
         name: &'a str,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<String>, ApiError>>;
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
 
     /// Appends `turn` to the history `name`, creating it with the entry `opening` when there is
     /// none, then trims it to `limit` and keeps it for another `limit.ttl`; all at once.
@@ -127,7 +131,7 @@ pub trait StateStore: Send + Sync {
         opening: &'a str,
         turn: &'a str,
         limit: HistoryLimit,
-    ) -> BoxFuture<'a, Result<(), ApiError>>;
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Keeps `record` under `name` for `ttl`, replacing any record there.
     fn put_response<'a>(
@@ -135,7 +139,7 @@ pub trait StateStore: Send + Sync {
         name: &'a str,
         record: &'a str,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), ApiError>>;
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// The record under `name`, kept for another `ttl`; `None` when there is none (never put,
     /// deleted, expired, or dropped for the memory budget).
@@ -143,14 +147,14 @@ pub trait StateStore: Send + Sync {
         &'a self,
         name: &'a str,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<Option<String>, ApiError>>;
+    ) -> BoxFuture<'a, Result<Option<String>, StoreError>>;
 
     /// Deletes the record under `name`; whether there was one.
-    fn delete_response<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, ApiError>>;
+    fn delete_response<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// Whether the store can serve takes now, for the readiness probe; a store in this
     /// process always can.
-    fn ping(&self) -> BoxFuture<'_, Result<(), ApiError>> {
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(futures::future::ready(Ok(())))
     }
 }

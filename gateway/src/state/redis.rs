@@ -31,8 +31,7 @@ use futures::future::BoxFuture;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
 
-use super::{HistoryLimit, Quota, StateStore, Take};
-use crate::error::ApiError;
+use super::{HistoryLimit, Quota, StateStore, StoreError, Take};
 
 /// The longest a request waits for Redis, per command and per connection attempt.
 pub const TIMEOUT: Duration = Duration::from_millis(500);
@@ -117,7 +116,13 @@ impl RedisStore {
         })
     }
 
-    async fn run(&self, name: &str, quota: Quota, amount: u64, op: &str) -> Result<u64, ApiError> {
+    async fn run(
+        &self,
+        name: &str,
+        quota: Quota,
+        amount: u64,
+        op: &str,
+    ) -> Result<u64, StoreError> {
         let mut connection = self.connection.clone();
         self.bucket
             .key(format!("swarmgate:limit:{name}"))
@@ -148,8 +153,8 @@ fn millis(duration: Duration) -> i64 {
         .max(1)
 }
 
-fn unavailable(error: redis::RedisError) -> ApiError {
-    ApiError::StoreUnavailable(error.to_string())
+fn unavailable(error: redis::RedisError) -> StoreError {
+    StoreError(error.to_string())
 }
 
 impl StateStore for RedisStore {
@@ -158,7 +163,7 @@ impl StateStore for RedisStore {
         name: &'a str,
         quota: Quota,
         amount: u64,
-    ) -> BoxFuture<'a, Result<Take, ApiError>> {
+    ) -> BoxFuture<'a, Result<Take, StoreError>> {
         Box::pin(async move {
             Ok(match self.run(name, quota, amount, "take").await? {
                 0 => Take::Granted,
@@ -174,7 +179,7 @@ impl StateStore for RedisStore {
         name: &'a str,
         quota: Quota,
         amount: u64,
-    ) -> BoxFuture<'a, Result<(), ApiError>> {
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move { self.run(name, quota, amount, "give").await.map(drop) })
     }
 
@@ -182,7 +187,7 @@ impl StateStore for RedisStore {
         &'a self,
         name: &'a str,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<String>, ApiError>> {
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         Box::pin(async move {
             let mut connection = self.connection.clone();
             let key = history_key(name);
@@ -204,7 +209,7 @@ impl StateStore for RedisStore {
         opening: &'a str,
         turn: &'a str,
         limit: HistoryLimit,
-    ) -> BoxFuture<'a, Result<(), ApiError>> {
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let mut connection = self.connection.clone();
             self.append_turn
@@ -225,7 +230,7 @@ impl StateStore for RedisStore {
         name: &'a str,
         record: &'a str,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<(), ApiError>> {
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let mut connection = self.connection.clone();
             redis::cmd("SET")
@@ -243,7 +248,7 @@ impl StateStore for RedisStore {
         &'a self,
         name: &'a str,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<Option<String>, ApiError>> {
+    ) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
         Box::pin(async move {
             let mut connection = self.connection.clone();
             let key = response_key(name);
@@ -259,7 +264,7 @@ impl StateStore for RedisStore {
         })
     }
 
-    fn delete_response<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, ApiError>> {
+    fn delete_response<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let mut connection = self.connection.clone();
             redis::cmd("DEL")
@@ -271,7 +276,7 @@ impl StateStore for RedisStore {
         })
     }
 
-    fn ping(&self) -> BoxFuture<'_, Result<(), ApiError>> {
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
             let mut connection = self.connection.clone();
             redis::cmd("PING")

@@ -156,14 +156,15 @@ impl Swarm {
     }
 
     /// Pins every answering agent's system prompt (see [`crate::swarm::pins`]) on the engine
-    /// in this process, if it is here, and waits until they are warm; returns the tokens pinned.
+    /// in this process, if it is here, releasing the pins of agents gone, and waits until they
+    /// are warm; returns the tokens newly pinned.
     pub async fn pin_prompts(&self) -> Result<usize, ApiError> {
         let Some(pins) = &self.inner.pins else {
             return Ok(0);
         };
         let registry = self.inner.registry.snapshot();
         let agents: Vec<&AgentSpec> = registry.agents().filter(|a| !a.kind.is_system()).collect();
-        Ok(pins.pin(&agents).await?)
+        Ok(pins.sync(&agents).await?)
     }
 
     /// Tokens of `agent`'s system prompt pinned here; 0 when it has none (or the engines are
@@ -237,14 +238,9 @@ impl Swarm {
             *registry = next;
             Ok(())
         })?;
-        if let Some(pins) = &self.inner.pins {
-            let registry = self.inner.registry.snapshot();
-            let answering: Vec<&AgentSpec> =
-                registry.agents().filter(|a| !a.kind.is_system()).collect();
-            // The agents serve unpinned meanwhile; the edit is committed and stays.
-            if let Err(e) = pins.sync(&answering).await {
-                tracing::warn!(error = %e, "cannot pin the changed agents' system prompts");
-            }
+        // The agents serve unpinned meanwhile; the edit is committed and stays.
+        if let Err(e) = self.pin_prompts().await {
+            tracing::warn!(error = %e, "cannot pin the changed agents' system prompts");
         }
         self.prepare().await
     }

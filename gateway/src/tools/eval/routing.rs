@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 use crate::tools::stats::percentile;
 
 use gateway::api::swarm::RouteResponse;
-use gateway::http::embeddings::Embeddings;
-use gateway::http::swarm::Swarm;
+use gateway::Embeddings;
+use gateway::Swarm;
 
 #[derive(Args, Debug)]
 pub struct RoutingArgs {

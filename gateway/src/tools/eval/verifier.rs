@@ -181,7 +181,7 @@ pub fn run(args: VerifierEvalArgs) -> Result<()> {
 async fn start_server(engine: &EngineConfig, embedding: &EmbedderConfig) -> Result<String> {
     let engine = EngineHandle::start(engine)?;
     let mut state = gateway::AppState::new(engine, gateway::config::DEFAULT_MAX_BODY_BYTES);
-    if let Some(embeddings) = gateway::http::embeddings::Embeddings::start(embedding).await? {
+    if let Some(embeddings) = gateway::Embeddings::start(embedding).await? {
         state = state.with_embeddings(embeddings);
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

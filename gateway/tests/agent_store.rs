@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::{Method, StatusCode};
 use gateway::agent_store::AgentStore;
-use gateway::http::swarm::Swarm;
+use gateway::Swarm;
 use gateway::transport::protocol::{self, Heartbeat, Subjects};
 use gateway::{AppState, ServeConfig};
 use router::SwarmConfig;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use axum::http::{Method, StatusCode};
 use engine::{Embedder, EmbedderConfig};
 use engine::{EngineConfig, EngineHandle};
-use gateway::http::swarm::Swarm;
+use gateway::Swarm;
 use gateway::{AppState, ServeConfig};
 use router::SwarmConfig;
 use serde_json::{json, Value};

@@ -12,7 +12,7 @@ use axum::http::{header, Request, StatusCode};
 use base64::Engine as _;
 use engine::{Embedder, EmbedderConfig, EngineConfig, EngineHandle};
 use gateway::config::DEFAULT_MAX_BODY_BYTES;
-use gateway::http::embeddings::Embeddings;
+use gateway::Embeddings;
 use gateway::validate::embeddings::MAX_EMBEDDING_INPUTS;
 use gateway::{app, AppState};
 use serde_json::{json, Value};

@@ -10,7 +10,7 @@ use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use engine::{Embedder, EmbedderConfig};
 use gateway::config::DEFAULT_MAX_BODY_BYTES;
-use gateway::http::swarm::Swarm;
+use gateway::Swarm;
 use gateway::{app, AppState};
 use router::SwarmConfig;
 use serde_json::{json, Value};

@@ -16,7 +16,7 @@ use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use engine::{Embedder, EmbedderConfig};
 use gateway::config::DEFAULT_MAX_BODY_BYTES;
-use gateway::http::swarm::Swarm;
+use gateway::Swarm;
 use gateway::{app, AppState};
 use router::{OnFailure, SwarmConfig, VerifierChecks, VerifierPolicy};
 use serde_json::{json, Value};

@@ -10,7 +10,7 @@ use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use engine::{Embedder, EmbedderConfig};
 use gateway::config::{ServeConfig, DEFAULT_MAX_BODY_BYTES};
-use gateway::http::embeddings::Embeddings;
+use gateway::Embeddings;
 use gateway::{app, AppState};
 use serde_json::{json, Value};
 use support::{engine, models};

@@ -1,4 +1,5 @@
-//! OpenAI's wire format for chat completions and errors: serde types and nothing else.
+//! OpenAI's wire format for chat completions and errors: serde types and nothing else (but the
+//! clock their `created` fields read, [`unix_now`]).
 //!
 //! Requests are `Deserialize` only and lenient on purpose: unknown fields are ignored (clients
 //! send whatever their SDK version knows), numbers are read wide (`f64`, `i64`) so that
@@ -360,6 +361,13 @@ pub struct ErrorBody {
 pub enum Frame<C> {
     Chunk(C),
     Done,
+}
+
+/// Now, in Unix seconds: what `created` fields carry.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The router: which path goes to which handler, and the layers every request passes through.
+//! The route table: which path goes to which handler, and the layers every request passes through.
 //!
 //! Layers, outermost first: `x-request-id` (kept when the client sent one, else a fresh UUID)
 //! set on the request and copied onto the response, error responses included; a tracing span
@@ -10,236 +10,21 @@
 //! methods answer with the envelope too, so a client never sees a bare status or a plain-text
 //! body from this server.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use router::{AgentKind, Registry, SwarmConfig, Verifier, VerifierConfig};
 use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
-use crate::auth::{self, Auth, Caller};
-use crate::config::ServeConfig;
-use crate::connection::ConnectionTimeouts;
+use crate::auth;
 use crate::http;
-use crate::http::embeddings::Embeddings;
 use crate::http::json::BodyReadTimeout;
-use crate::http::responses::StoredResponses;
-use crate::http::swarm::Swarm;
-use crate::limits::{self, Limits};
-use crate::metrics::{self, Metrics};
+use crate::limits;
+use crate::metrics;
 use crate::openapi;
-use crate::session::Sessions;
-use crate::state;
-use crate::transport::{IntoTransport, Transport};
-use crate::validate::agent::AgentLimits;
-use crate::validate::structured::StructuredLimits;
-
-/// What every handler shares. Cloning is a few reference-count increments.
-#[derive(Clone)]
-pub struct AppState {
-    inner: Arc<Inner>,
-    /// Absent when the server runs without an embedding model.
-    embeddings: Option<Embeddings>,
-    /// Absent when the server runs without a swarm file.
-    swarm: Option<Swarm>,
-    verifier: Arc<Verifier>,
-}
-
-struct Inner {
-    transport: Arc<dyn Transport>,
-    model_id: String,
-    /// Unix seconds when the server was set up (the models' `created`).
-    started: u64,
-    max_body_bytes: usize,
-    body_read_timeout: Duration,
-    connection_timeouts: ConnectionTimeouts,
-    grpc_max_concurrent_streams: u32,
-    structured: StructuredLimits,
-    agent_limits: AgentLimits,
-    auth: Arc<Auth>,
-    limits: Limits,
-    sessions: Sessions,
-    responses: StoredResponses,
-    metrics: Metrics,
-}
-
-impl AppState {
-    /// State for serving the engine in this process with the default settings, refusing
-    /// request bodies over `max_body_bytes`.
-    pub fn new(engine: engine::EngineHandle, max_body_bytes: usize) -> Self {
-        let config = ServeConfig {
-            max_body_bytes,
-            ..ServeConfig::default()
-        };
-        Self::configured(engine, &config)
-    }
-
-    /// State for serving the model `transport` reaches under `config`, which must have passed
-    /// [`ServeConfig::validate`].
-    pub fn configured(transport: impl IntoTransport, config: &ServeConfig) -> Self {
-        let transport = transport.into_transport();
-        let model_id = transport.model().id.clone();
-        let verifier = Arc::new(Verifier::new(
-            transport.model(),
-            default_verifier_prompt(),
-            VerifierConfig::default(),
-        ));
-        let store = state::open(config.redis.as_deref());
-        Self {
-            inner: Arc::new(Inner {
-                transport,
-                model_id,
-                started: http::chat::unix_now(),
-                max_body_bytes: config.max_body_bytes,
-                body_read_timeout: Duration::from_secs_f64(config.body_read_timeout_secs),
-                connection_timeouts: config.connection_timeouts(),
-                grpc_max_concurrent_streams: config.grpc_max_concurrent_streams,
-                structured: config.structured_limits(),
-                agent_limits: config.agent_limits(),
-                auth: Arc::new(Auth::new(
-                    &config.api_keys,
-                    &config.admin_keys,
-                    config.metrics_public,
-                )),
-                limits: Limits::new(config, store.clone()),
-                sessions: Sessions::new(config, store.clone()),
-                responses: StoredResponses::new(config, store),
-                metrics: Metrics::new(),
-            }),
-            embeddings: None,
-            swarm: None,
-            verifier,
-        }
-    }
-
-    /// The same state, checking answers with `verifier` (instead of the default swarm's
-    /// verifier agent).
-    pub fn with_verifier(mut self, verifier: Verifier) -> Self {
-        self.verifier = Arc::new(verifier);
-        self
-    }
-
-    pub fn verifier(&self) -> &Verifier {
-        &self.verifier
-    }
-
-    /// The same state, also serving `embeddings` at `/v1/embeddings`.
-    pub fn with_embeddings(mut self, embeddings: Embeddings) -> Self {
-        self.embeddings = Some(embeddings);
-        self
-    }
-
-    /// The same state, also routing requests among `swarm`'s agents.
-    pub fn with_swarm(mut self, swarm: Swarm) -> Self {
-        self.swarm = Some(swarm);
-        self
-    }
-
-    pub fn swarm(&self) -> Option<&Swarm> {
-        self.swarm.as_ref()
-    }
-
-    pub fn embeddings(&self) -> Option<&Embeddings> {
-        self.embeddings.as_ref()
-    }
-
-    /// The id clients name the embedding model by, when one is served.
-    pub fn embedding_model_id(&self) -> Option<&str> {
-        self.embeddings.as_ref().map(Embeddings::model_id)
-    }
-
-    /// How requests reach the engines.
-    pub fn transport(&self) -> &Arc<dyn Transport> {
-        &self.inner.transport
-    }
-
-    /// The model requests are prepared for.
-    pub fn model(&self) -> &engine::ModelInfo {
-        self.inner.transport.model()
-    }
-
-    /// The id clients name the model by (besides the alias `"default"`).
-    pub fn model_id(&self) -> &str {
-        &self.inner.model_id
-    }
-
-    /// Unix seconds when this server was set up.
-    pub fn started(&self) -> u64 {
-        self.inner.started
-    }
-
-    /// The bounds on `caller`'s structured outputs, tools and answer lengths: the server's,
-    /// with its key's own `max_tokens` (see [`crate::auth::KeyPolicy`]) within them.
-    pub fn structured_limits(&self, caller: Caller) -> StructuredLimits {
-        let mut limits = self.inner.structured;
-        if let Some(own) = self.inner.auth.policy(caller).max_tokens {
-            let server = limits.max_tokens.limit.unwrap_or(own);
-            limits.max_tokens.limit = Some(server.min(own));
-        }
-        limits
-    }
-
-    /// The bounds on agents added at run time.
-    pub fn agent_limits(&self) -> AgentLimits {
-        self.inner.agent_limits
-    }
-
-    pub fn max_body_bytes(&self) -> usize {
-        self.inner.max_body_bytes
-    }
-
-    /// The time limits of every HTTP connection.
-    pub fn connection_timeouts(&self) -> ConnectionTimeouts {
-        self.inner.connection_timeouts
-    }
-
-    /// gRPC calls one connection may carry at once.
-    pub fn grpc_max_concurrent_streams(&self) -> u32 {
-        self.inner.grpc_max_concurrent_streams
-    }
-
-    pub fn auth(&self) -> &Arc<Auth> {
-        &self.inner.auth
-    }
-
-    pub fn limits(&self) -> &Limits {
-        &self.inner.limits
-    }
-
-    pub fn sessions(&self) -> &Sessions {
-        &self.inner.sessions
-    }
-
-    /// The Responses API's stored responses.
-    pub fn responses(&self) -> &StoredResponses {
-        &self.inner.responses
-    }
-
-    pub fn metrics(&self) -> &Metrics {
-        &self.inner.metrics
-    }
-}
-
-/// The swarm file the repository ships: the verifier agent's prompt comes from it until a
-/// server is given a swarm of its own.
-const DEFAULT_SWARM: &str = include_str!("../../swarm.toml");
-
-/// The system prompt of the default swarm's verifier agent.
-fn default_verifier_prompt() -> String {
-    let swarm = SwarmConfig::parse(DEFAULT_SWARM, "swarm.toml")
-        .and_then(|swarm| Registry::new(swarm.agents))
-        .expect("the shipped swarm file parses and keeps the rules (router's tests check it)");
-    let prompt = swarm
-        .list(AgentKind::Verifier)
-        .next()
-        .map(|agent| agent.system_prompt.clone());
-    prompt.expect("the shipped swarm file has a verifier agent")
-}
+use crate::service::AppState;
 
 /// The whole HTTP API.
 pub fn app(state: AppState) -> Router {
@@ -289,8 +74,8 @@ pub fn app(state: AppState) -> Router {
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes()))
-        .layer(Extension(BodyReadTimeout(state.inner.body_read_timeout)))
-        .layer(from_fn_with_state(state.clone(), limits::admit))
+        .layer(Extension(BodyReadTimeout(state.body_read_timeout())))
+        .layer(from_fn_with_state(state.limits().clone(), limits::admit))
         .layer(from_fn_with_state(state.auth().clone(), auth::authenticate))
         .layer(from_fn_with_state(state.metrics().clone(), metrics::track))
         .layer(layers)

@@ -34,11 +34,11 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::api;
 use crate::api::tools::{FunctionCall, ToolCall};
-use crate::app::AppState;
 use crate::error::ApiError;
-use crate::http::chat::{finish_reason, LOST_STREAM};
-use crate::limits::Events;
 use crate::logprobs;
+use crate::service::admission::Events;
+use crate::service::choices::{finish_reason, LOST_STREAM};
+use crate::service::AppState;
 use crate::tool_calls::{self, EnvelopeReader, Piece};
 use crate::validate::structured::{self, Reply};
 use crate::validate::{off_io, validate_chat};

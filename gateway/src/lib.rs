@@ -19,7 +19,7 @@
 //!   [`validate::structured`] turns `response_format` and `tools` into the grammar the engine
 //!   enforces, and [`tool_calls`] reads a tool-call answer back into OpenAI's shapes.
 //! - [`agent_store`] keeps the swarm's agents in PostgreSQL when replicas share them
-//!   (`--database-url`); [`http::swarm::Swarm`] follows it.
+//!   (`--database-url`); [`service::swarm::Swarm`] follows it.
 //! - [`logprobs`] turns the engine's token log-probabilities into OpenAI's shape.
 //! - [`error`] is the one place that decides HTTP statuses and error bodies.
 //! - [`grpc`] is the same chat API over gRPC, on a port of its own: its requests pass through
@@ -55,9 +55,9 @@ pub mod limits;
 pub mod logprobs;
 pub mod metrics;
 pub mod openapi;
+pub mod service;
 pub mod session;
 pub mod state;
-pub mod swarm;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod tool_calls;
@@ -71,11 +71,12 @@ use anyhow::Context as _;
 use futures::FutureExt as _;
 use tokio::net::TcpListener;
 
-pub use app::{app, AppState};
+pub use app::app;
 pub use config::ServeConfig;
-pub use http::embeddings::Embeddings;
-pub use http::swarm::Swarm;
 pub use error::ApiError;
+pub use service::embeddings::Embeddings;
+pub use service::swarm::Swarm;
+pub use service::AppState;
 
 /// Binds `config.host:config.port`, and `config.grpc_port` unless it is 0, and serves the HTTP
 /// and gRPC APIs until SIGTERM or ctrl-c; then both stop accepting connections and let the
@@ -86,7 +87,7 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     config.validate().map_err(anyhow::Error::msg)?;
     // Loaded before listening, like the engine: a server that listens is one that answers.
-    let embeddings = http::embeddings::Embeddings::start(&config.embedding)
+    let embeddings = service::embeddings::Embeddings::start(&config.embedding)
         .await
         .context("cannot load the embedding model")?;
     let listener = TcpListener::bind((config.host.as_str(), config.port))
@@ -184,16 +185,16 @@ pub async fn serve(
 async fn load_swarm(
     config: &config::ServeConfig,
     transport: &std::sync::Arc<dyn transport::Transport>,
-    embeddings: Option<&http::embeddings::Embeddings>,
-) -> anyhow::Result<Option<http::swarm::Swarm>> {
+    embeddings: Option<&service::embeddings::Embeddings>,
+) -> anyhow::Result<Option<service::swarm::Swarm>> {
     let file = match config.swarm_file() {
         Some(path) => Some(router::SwarmConfig::load(&path)?),
         None => None,
     };
-    let embedder = embeddings.map(http::embeddings::Embeddings::embedder);
+    let embedder = embeddings.map(service::embeddings::Embeddings::embedder);
     let Some(url) = &config.database_url else {
         return match file {
-            Some(file) => Ok(Some(http::swarm::Swarm::new(
+            Some(file) => Ok(Some(service::swarm::Swarm::new(
                 file,
                 transport.clone(),
                 embedder,
@@ -222,7 +223,7 @@ async fn load_swarm(
         return Ok(None);
     }
     Ok(Some(
-        http::swarm::Swarm::stored(routing, store, transport.clone(), embedder).await?,
+        service::swarm::Swarm::stored(routing, store, transport.clone(), embedder).await?,
     ))
 }
 

@@ -11,7 +11,7 @@
 //! - [`Metrics::observe`], around each request's engine events: time to first token,
 //!   inter-token latency, end-to-end duration, prompt and generation tokens;
 //! - [`crate::limits::admit`]: the time a request waited for admission;
-//! - the swarm's pipeline ([`crate::swarm`]), per agent (`agent` label; agents are few and
+//! - the swarm's pipeline ([`crate::service::swarm`]), per agent (`agent` label; agents are few and
 //!   named by the swarm's operators): requests answered, first-token and inter-token latency,
 //!   verdicts, retries, and prompt tokens with those served from the prefix cache (their ratio
 //!   is the agent's hit rate);

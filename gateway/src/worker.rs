@@ -33,14 +33,13 @@ use axum::{Json, Router};
 use engine::{EngineConfig, EngineError, EngineHandle, Event};
 use futures::stream::SelectAll;
 use futures::StreamExt as _;
-use router::{AgentSpec, SwarmConfig};
+use router::{AgentSpec, Pins, SwarmConfig};
 use tokio::sync::oneshot;
 
 use crate::agent_store::AgentStore;
 use crate::auth::{ApiKey, Auth};
 use crate::error::ApiError;
 use crate::metrics::{self, Metrics};
-use crate::swarm::pins::Pins;
 use crate::transport::connection::NatsArgs;
 use crate::transport::protocol::{
     self, Batch, Cancel, Heartbeat, RefusalCode, Reply, Subjects, Submit, FLUSH_INTERVAL,
@@ -652,7 +651,7 @@ fn lost_stream() -> Event {
     Event::Finished {
         reason: engine::FinishReason::Error,
         usage: engine::Usage::default(),
-        error: Some(crate::http::chat::LOST_STREAM.into()),
+        error: Some(crate::service::choices::LOST_STREAM.into()),
     }
 }
 

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use axum::http::{Method, StatusCode};
 use gateway::agent_store::AgentStore;
-use gateway::Swarm;
 use gateway::transport::protocol::{self, Heartbeat, Subjects};
+use gateway::Swarm;
 use gateway::{AppState, ServeConfig};
 use router::SwarmConfig;
 use serde_json::{json, Value};

@@ -409,6 +409,26 @@ impl AgentSpec {
     /// Routing by similarity needs a few phrasings to triangulate a domain; one or two examples
     /// make the route hinge on their wording.
     pub const MIN_ROUTING_EXAMPLES: usize = 3;
+
+    /// What every prompt of this agent starts with: its system prompt alone, rendered by
+    /// `model`'s chat template (no generation header) and encoded as chat requests are. Chat
+    /// requests answered by the agent put this system message first, so their token ids begin
+    /// with these, and a pin of them keeps that prefix warm ([`crate::pins`]). `None` for an
+    /// agent without a system prompt.
+    pub fn system_prefix(&self, model: &engine::ModelInfo) -> Option<engine::Result<Vec<u32>>> {
+        if self.system_prompt.trim().is_empty() {
+            return None;
+        }
+        let system = [engine::ChatMessage::new(
+            "system",
+            self.system_prompt.as_str(),
+        )];
+        Some(
+            model
+                .encode_chat(&system, false)
+                .map(|prompt| prompt.tokens),
+        )
+    }
     /// Room for a long system prompt, a few turns of conversation and an answer.
     pub const DEFAULT_KV_RESERVE_TOKENS: u64 = 4096;
 

@@ -11,6 +11,7 @@
 //!   model, by embeddings or by asking the generative model.
 //! - [`placement`] decides which device hosts which model replica and which agents, within each
 //!   device's memory budget.
+//! - [`pins`] keeps the agents' system prompts warm in an engine's prefix cache.
 //! - [`verifier`] decides whether an answer may reach the user: deterministic checks on the
 //!   text, relevance by embeddings, and the verifier agent as judge.
 //!
@@ -78,6 +79,7 @@ macro_rules! validated_name {
 pub mod agent;
 pub mod config;
 pub mod error;
+pub mod pins;
 pub mod placement;
 pub mod registry;
 pub mod route;
@@ -89,6 +91,7 @@ pub use agent::{
 };
 pub use config::{RoutingConfig, RoutingStrategy, SwarmConfig};
 pub use error::{Result, RouterError};
+pub use pins::Pins;
 pub use placement::{
     plan, AgentPlacement, ByteSize, DeviceLoad, DeviceName, DeviceSpec, ModelCatalog,
     ModelFootprint, Placement,

@@ -21,10 +21,10 @@ use axum::Json;
 use router::{AgentId, AgentSpec};
 
 use crate::api::agents::{Agent, AgentList, AgentSummary, AgentView, DeletedAgent};
-use crate::app::AppState;
 use crate::error::{AdminErrors, ApiError};
 use crate::http::json::ApiJson;
-use crate::http::swarm::{Swarm, SWARM_MODEL};
+use crate::service::swarm::{Swarm, SWARM_MODEL};
+use crate::service::AppState;
 use crate::validate::agent::validate_agent;
 
 /// Lists the swarm's agents: definitions for an admin key, else names and descriptions.

@@ -13,37 +13,34 @@
 //! log-probabilities), a last chunk with an empty delta and the `finish_reason`; then the usage
 //! chunk when asked for (`choices: []`), then `data: [DONE]`.
 //!
-//! The chunks are built from [`crate::http::choices::Update`]s alone, so their shape is unit-tested below without an
+//! The chunks are built from [`crate::service::choices::Update`]s alone, so their shape is unit-tested below without an
 //! engine.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use engine::{FinishReason, TokenLogprob};
+use engine::TokenLogprob;
 use tokenizers::Tokenizer;
 
 use crate::api::tools::{FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta};
 use crate::api::{
-    self, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
-    ChoiceLogprobs, ChunkChoice, ChunkDelta, StreamEvent,
+    self, unix_now, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
+    ChatCompletionRequest, ChoiceLogprobs, ChunkChoice, ChunkDelta, StreamEvent,
 };
-use crate::app::AppState;
 use crate::error::{ApiError, GenerationErrors};
-use crate::http::choices::{sse_response, Choices, ChunkFormat};
 use crate::http::json::ApiJson;
+use crate::http::swarm_chat;
 use crate::limits::Admission;
 use crate::logprobs;
+use crate::service::choices::{sse_response, Choices, ChunkFormat};
+use crate::service::AppState;
 use crate::session::Echo;
 use crate::tool_calls::{self, EnvelopeReader, Piece};
 use crate::validate::structured::{self, Reply};
 use crate::validate::{off_io, validate_chat, ValidChatRequest};
-
-/// What an engine stream that ends without its final event tells the client.
-pub(crate) const LOST_STREAM: &str = "the engine ended the request without finishing it";
 
 /// Creates a model response for the given chat conversation.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "generation",
@@ -75,8 +72,7 @@ pub async fn create(
     if let Some(swarm) = state.swarm() {
         if swarm.answers(request.model.as_deref()) {
             let response =
-                crate::swarm::create(state.clone(), admission, swarm.clone(), request, turn)
-                    .await?;
+                swarm_chat::create(state.clone(), admission, swarm.clone(), request, turn).await?;
             return Ok((echo, response));
         }
     }
@@ -380,37 +376,17 @@ impl ChunkFormat for Answer {
     }
 }
 
-/// The reason OpenAI reports, or the error a failed generation is.
-pub(crate) fn finish_reason(
-    reason: FinishReason,
-    error: Option<String>,
-) -> Result<api::FinishReason, ApiError> {
-    match reason {
-        FinishReason::Stop => Ok(api::FinishReason::Stop),
-        FinishReason::Length => Ok(api::FinishReason::Length),
-        FinishReason::Cancelled | FinishReason::Error => Err(ApiError::Generation(
-            error.unwrap_or_else(|| reason.as_str().to_owned()),
-        )),
-    }
-}
-
-pub(crate) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::OnceLock;
 
-    use engine::Event;
+    use engine::{Event, FinishReason};
     use serde_json::{json, Value};
 
     use super::*;
-    use crate::http::choices::tests::{choices_of, frames_json};
-    use crate::http::choices::Collected;
     use crate::metrics::Metrics;
+    use crate::service::choices::tests::{choices_of, frames_json};
+    use crate::service::choices::Collected;
     use crate::test_support::model_info;
 
     fn tokenizer() -> Arc<Tokenizer> {

@@ -18,14 +18,14 @@ use tokenizers::Tokenizer;
 use crate::api::completions::{
     Completion, CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionRequest,
 };
+use crate::api::unix_now;
 use crate::api::{self, StreamEvent};
-use crate::app::AppState;
 use crate::error::{ApiError, GenerationErrors};
-use crate::http::chat::unix_now;
-use crate::http::choices::{sse_response, Choices, ChunkFormat};
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
 use crate::logprobs::Legacy;
+use crate::service::choices::{sse_response, Choices, ChunkFormat};
+use crate::service::AppState;
 use crate::validate::completion::{validate_completion, ValidCompletionRequest};
 use crate::validate::off_io;
 

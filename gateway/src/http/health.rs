@@ -15,9 +15,9 @@ use axum::Json;
 use axum::response::Response;
 
 use crate::api::{ErrorResponse, Health, Readiness};
-use crate::app::AppState;
 use crate::error::{ApiError, AuthErrors};
 use crate::metrics;
+use crate::service::AppState;
 
 /// Whether the server is up.
 #[utoipa::path(get, path = "/health", tag = "probes", responses(

@@ -5,7 +5,6 @@
 
 pub mod agents;
 pub mod chat;
-pub mod choices;
 pub mod completions;
 pub mod embeddings;
 pub mod health;
@@ -13,6 +12,7 @@ pub mod json;
 pub mod models;
 pub mod responses;
 pub mod swarm;
+pub mod swarm_chat;
 pub mod verify;
 
 use axum::http::{Method, Uri};

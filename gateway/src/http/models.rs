@@ -8,9 +8,9 @@ use axum::extract::State;
 use axum::Json;
 
 use crate::api::models::{Model, ModelList};
-use crate::app::AppState;
 use crate::error::AuthErrors;
-use crate::http::swarm::SWARM_MODEL;
+use crate::service::swarm::SWARM_MODEL;
+use crate::service::AppState;
 
 /// Lists the models this server answers to.
 #[utoipa::path(get, path = "/v1/models", tag = "models",

@@ -19,7 +19,7 @@
 //! output before the request's input (its `instructions` are not carried over); unknown, it is a
 //! 404. The store keeps a response `--session-ttl-secs` after its last use (0: nothing is
 //! stored, `store` reads back `false`) and its input within `--session-max-bytes`, dropping the
-//! oldest turns first ([`input::trim`]), as a session's history. A response that cannot be
+//! oldest turns first ([`crate::service::responses::trim`]), as a session's history. A response that cannot be
 //! stored fails its request with 503 `state_store_unavailable`, or ends its stream with
 //! `response.failed` carrying that code: either way the client knows it was not kept.
 //!
@@ -29,31 +29,27 @@
 mod input;
 mod output;
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use axum::extract::{Path, State};
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::Json;
 use futures::{stream, Stream, StreamExt};
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::api::responses::{
     CreateResponse, DeletedResponse, FunctionTool, InputItem, Response, ResponseEvent,
     ResponseInput, ResponseStatus, ResponseStreamEvent, SequencedEvent, TextConfig, TextFormat,
 };
+use crate::api::unix_now;
 use crate::api::{FinishReason, Frame};
-use crate::app::AppState;
 use crate::auth::Caller;
-use crate::config::ServeConfig;
 use crate::error::{ApiError, GenerationErrors, StoredErrors};
-use crate::http::chat::{unix_now, warned};
-use crate::http::choices::{sse_events, Choices};
+use crate::http::chat::warned;
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
-use crate::state::{HistoryLimit, StateStore};
+use crate::service::choices::{sse_events, Choices};
+use crate::service::responses::StoredResponses;
+use crate::service::AppState;
 use crate::validate::structured;
 use crate::validate::{off_io, validate_chat};
 use output::{ended, failure, item_id, Batch, EventFormat, Output};
@@ -283,125 +279,15 @@ impl Saving {
     }
 }
 
-/// The stored responses: where they live and for how long.
-#[derive(Clone)]
-pub struct StoredResponses {
-    store: Arc<dyn StateStore>,
-    /// `None`: nothing is stored.
-    limit: Option<HistoryLimit>,
-}
-
-/// A stored response as written.
-#[derive(Serialize)]
-struct RecordRef<'a> {
-    response: &'a Response,
-    input: &'a [InputItem],
-}
-
-/// A stored response as read back: the response as it was sent, and the input it answered.
-#[derive(Deserialize)]
-struct Stored {
-    response: Value,
-    input: Vec<InputItem>,
-}
-
-impl Stored {
-    /// What a request continuing from this response goes after: its input, then its output
-    /// (output items read as the input items they are).
-    fn context(self) -> Result<Vec<InputItem>, ApiError> {
-        let output: Vec<InputItem> = serde_json::from_value(self.response["output"].clone())
-            .map_err(|e| ApiError::Internal(format!("a stored response's output: {e}")))?;
-        let mut items = self.input;
-        items.extend(output);
-        Ok(items)
-    }
-}
-
-impl StoredResponses {
-    /// The stored responses `config` sets (the sessions' TTL and size), kept in `store`.
-    pub fn new(config: &ServeConfig, store: Arc<dyn StateStore>) -> Self {
-        let limit = (config.session_ttl_secs > 0).then(|| HistoryLimit {
-            ttl: Duration::from_secs(config.session_ttl_secs),
-            max_bytes: config.session_max_bytes,
-        });
-        Self { store, limit }
-    }
-
-    /// Whether responses are stored at all.
-    pub fn enabled(&self) -> bool {
-        self.limit.is_some()
-    }
-
-    /// Stores `response` of `caller`, which answered `input`, trimmed to the size bound.
-    async fn put(
-        &self,
-        caller: Caller,
-        response: &Response,
-        mut input: Vec<InputItem>,
-    ) -> Result<(), ApiError> {
-        let Some(limit) = self.limit else {
-            return Ok(());
-        };
-        input::trim(&mut input, limit.max_bytes);
-        let record = RecordRef {
-            response,
-            input: &input,
-        };
-        let record = serde_json::to_string(&record).expect("a response serializes to JSON");
-        let name = name(caller, &response.id);
-        Ok(self.store.put_response(&name, &record, limit.ttl).await?)
-    }
-
-    /// `caller`'s response `id`; a 404 (naming `param`, the field that named it) when there is
-    /// none.
-    async fn get(
-        &self,
-        caller: Caller,
-        id: &str,
-        param: Option<&'static str>,
-    ) -> Result<Stored, ApiError> {
-        let not_found = || ApiError::ResponseNotFound {
-            id: id.to_owned(),
-            param,
-        };
-        let Some(limit) = self.limit else {
-            return Err(match param {
-                Some(param) => ApiError::invalid(
-                    param,
-                    "responses are not stored on this server (--session-ttl-secs 0)",
-                ),
-                None => not_found(),
-            });
-        };
-        let record = self.store.response(&name(caller, id), limit.ttl).await?;
-        let record = record.ok_or_else(not_found)?;
-        serde_json::from_str(&record)
-            .map_err(|e| ApiError::Internal(format!("a stored response is not valid: {e}")))
-    }
-
-    /// Deletes `caller`'s response `id`; a 404 when there is none.
-    async fn delete(&self, caller: Caller, id: &str) -> Result<(), ApiError> {
-        if self.limit.is_some() && self.store.delete_response(&name(caller, id)).await? {
-            return Ok(());
-        }
-        Err(ApiError::ResponseNotFound {
-            id: id.to_owned(),
-            param: None,
-        })
-    }
-}
-
-/// The store's name of `caller`'s response `id`.
-fn name(caller: Caller, id: &str) -> String {
-    format!("{caller}:{id}")
-}
-
 #[cfg(test)]
 mod tests {
     use axum::http::HeaderValue;
 
     use super::*;
     use crate::api::responses::InputContent;
+    use std::sync::Arc;
+
+    use crate::config::ServeConfig;
     use crate::state::MemoryStore;
 
     fn responses(ttl_secs: u64) -> StoredResponses {

@@ -160,7 +160,7 @@ fn within_limits(spec: &AgentSpec, limits: &AgentLimits) -> Result<(), ApiError>
 fn fits_the_context(spec: &AgentSpec, model: &engine::ModelInfo) -> Result<(), ApiError> {
     // The engine's own bound, as for every request: the model's positions and the KV cache.
     let limit = model.context_length.min(model.kv_capacity_tokens);
-    let prompt_tokens = match system_prefix(model, spec) {
+    let prompt_tokens = match spec.system_prefix(model) {
         None => 0,
         Some(prefix) => prefix?.len(),
     };
@@ -188,28 +188,6 @@ fn fits_the_context(spec: &AgentSpec, model: &engine::ModelInfo) -> Result<(), A
         }
     }
     Ok(())
-}
-
-/// What every prompt of `agent` starts with: its system prompt alone, rendered by `model`'s chat
-/// template (no generation header) and encoded as chat requests are. Chat requests answered by
-/// the agent put this system message first, so their token ids begin with these, and a pin of
-/// them keeps that prefix warm. `None` for an agent without a system prompt.
-pub fn system_prefix(
-    model: &engine::ModelInfo,
-    agent: &AgentSpec,
-) -> Option<engine::Result<Vec<u32>>> {
-    if agent.system_prompt.trim().is_empty() {
-        return None;
-    }
-    let system = [engine::ChatMessage::new(
-        "system",
-        agent.system_prompt.as_str(),
-    )];
-    Some(
-        model
-            .encode_chat(&system, false)
-            .map(|prompt| prompt.tokens),
-    )
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@
 //! Responses API), `text.format` becomes `response_format`, `max_output_tokens` becomes
 //! `max_completion_tokens`. A kind chat has no counterpart for is a 400 naming its field here.
 //!
-//! Stored inputs are bounded by [`trim`], as a session's history is.
+//! Stored inputs are bounded by [`crate::service::responses::trim`], as a session's history is.
 
 use crate::api::responses::{CreateResponse, FunctionTool, InputContent, InputItem, ResponseInput};
 use crate::api::tools::{FunctionCall, FunctionDefinition, JsonSchemaFormat, Tool, ToolCall};
@@ -310,45 +310,12 @@ fn rename(param: &str) -> String {
     param.to_owned()
 }
 
-/// Drops `items`' oldest turns while they hold more than `max_bytes` as JSON. A turn starts at a
-/// user message, so a call is never kept without the message before it nor an output without
-/// its call; the system and developer messages the items begin with stay, and so does the last
-/// turn, whatever their size.
-pub(crate) fn trim(items: &mut Vec<InputItem>, max_bytes: usize) {
-    let sizes: Vec<usize> = items
-        .iter()
-        .map(|item| serde_json::to_string(item).map_or(0, |json| json.len()))
-        .collect();
-    let mut bytes: usize = sizes.iter().sum();
-    let opening = items
-        .iter()
-        .take_while(|item| is_role(item, "system"))
-        .count();
-    let mut cut = opening;
-    for start in opening + 1..items.len() {
-        if bytes <= max_bytes {
-            break;
-        }
-        if is_role(&items[start], "user") {
-            bytes -= sizes[cut..start].iter().sum::<usize>();
-            cut = start;
-        }
-    }
-    items.drain(opening..cut);
-}
-
-/// Whether `item` is a message of `role` (`system` counting `developer`).
-fn is_role(item: &InputItem, role: &str) -> bool {
-    let message = matches!(item.kind.as_deref(), None | Some("message"));
-    let of = item.role.as_deref();
-    message && (of == Some(role) || (role == "system" && of == Some("developer")))
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::{json, Value};
 
     use super::*;
+    use crate::service::responses::trim;
 
     fn request(body: Value) -> CreateResponse {
         serde_json::from_value(body).unwrap()

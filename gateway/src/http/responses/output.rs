@@ -20,7 +20,7 @@ use crate::api::responses::{
     OutputTokensDetails, Response, ResponseError, ResponseEvent, ResponseStatus, ResponseUsage,
 };
 use crate::api::{self, ErrorBody};
-use crate::http::choices::{ChunkFormat, StreamChunk};
+use crate::service::choices::{ChunkFormat, StreamChunk};
 use crate::tool_calls::{EnvelopeReader, Piece};
 use crate::validate::structured::Reply;
 
@@ -421,8 +421,8 @@ mod tests {
 
     use super::*;
     use crate::error::ApiError;
-    use crate::http::choices::tests::{choices_of, frames_json};
     use crate::metrics::Metrics;
+    use crate::service::choices::tests::{choices_of, frames_json};
 
     fn template() -> Response {
         Response {

@@ -4,7 +4,7 @@
 //! 1. **Route.** `swarm`/`auto` asks the routing agent which answering agent takes the
 //!    conversation's last user turn; an agent's name skips routing.
 //! 2. **Answer as the agent.** The agent's system prompt goes first (so every prompt of the agent
-//!    starts with the tokens its pin keeps warm, [`crate::validate::agent::system_prefix`]), its
+//!    starts with the tokens its pin keeps warm, [`router::AgentSpec::system_prefix`]), its
 //!    sampling defaults fill what the request left out, and the request is validated like any
 //!    chat request. Each generation is charged to the agent's token budget as well as the
 //!    caller's, and counted in the agent's metrics.
@@ -18,7 +18,7 @@
 //!    releases the answer as `skipped`, with the reason.
 //! 4. **Consensus** (`swarm.consensus`): `n` samples, or one per named agent, submitted together
 //!    so that they share the engine's steps; the majority's answer or the verifier's best
-//!    ([`consensus`]).
+//!    ([`crate::service::swarm::consensus`]).
 //! 5. **Account.** Every hop (route, each generation, each verification) is listed with its
 //!    tokens in `swarm.usage`, and `usage` is their sum.
 //!
@@ -26,33 +26,60 @@
 //! for consensus) the stream starts once the verdict is in, and its first chunk carries the
 //! whole `swarm` object. Otherwise (`provisional`, or no verification) tokens flow as they come,
 //! the first chunk names the agent, and a last chunk before `[DONE]` carries the verdict and the
-//! hops ([`respond`]).
+//! hops ([`crate::http::swarm_chat`] sends them).
 
-mod consensus;
-pub mod pins;
-mod respond;
-
-use axum::response::Response;
 use engine::FinishReason;
 use router::{AgentKind, AgentSpec, OnFailure, Registry, Verdict, VerifierChecks, VerifierPolicy};
 
 use crate::api::swarm::{HopUsage, RouteRequest, SwarmReport, VerdictReport};
 use crate::api::{self, ChatCompletionRequest, ChatMessage, MessageContent, Stop};
-use crate::app::AppState;
 use crate::error::ApiError;
-use crate::http::choices::{Choices, Collected, Events};
-use crate::http::swarm::{route_response, Swarm, AUTO_MODEL, SWARM_MODEL};
-use crate::limits::{Admission, AdmittedEngine, Seats};
+use crate::limits::{Admission, Seats};
+use crate::service::admission::{AdmittedEngine, Events};
+use crate::service::choices::{Choices, Collected};
+use crate::service::swarm::consensus::Consensus;
+use crate::service::swarm::{route_response, Swarm, AUTO_MODEL, SWARM_MODEL};
+use crate::service::verify::{deterministic, similarity};
+use crate::service::AppState;
 use crate::session::Turn;
-use crate::validate::agent::system_prefix;
-use crate::validate::structured;
+use crate::validate::structured::{self, Reply};
 use crate::validate::swarm::validate_route;
 use crate::validate::{off_io, validate_chat, ValidChatRequest};
 
-use consensus::Consensus;
-
 /// Characters of a rejected answer repeated in the retry's prompt.
 const REJECTED_ANSWER_CHARS: usize = 2000;
+
+/// The answer the pipeline hands to its endpoint to send (one per request, moved once: the
+/// variants' sizes cost nothing).
+#[allow(clippy::large_enum_variant)]
+pub enum Answered {
+    /// Released: verified when the policy verifies, and already kept as the session's turn.
+    Whole {
+        run: Run,
+        report: SwarmReport,
+        outcome: Outcome,
+        stream: bool,
+        include_usage: bool,
+        reply: Reply,
+    },
+    /// To stream as it is generated, verified once done; kept as `turn` when it ends.
+    Live {
+        run: Run,
+        report: SwarmReport,
+        live: Live,
+        turn: Turn,
+    },
+}
+
+/// An answer to stream as it is generated.
+pub struct Live {
+    pub agent: AgentSpec,
+    /// How the answer is verified once it is done.
+    pub policy: VerifierPolicy,
+    pub valid: ValidChatRequest,
+    /// The generation's events.
+    pub events: Events,
+}
 
 /// Answers `request`, which [`Swarm::answers`], as `turn` of its session: the released answer
 /// is the one the session keeps.
@@ -62,7 +89,7 @@ pub async fn create(
     swarm: Swarm,
     request: ChatCompletionRequest,
     turn: Turn,
-) -> Result<Response, ApiError> {
+) -> Result<Answered, ApiError> {
     if request.options.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid(
             "n",
@@ -85,7 +112,10 @@ pub async fn create(
     let (agent, route) = match request.model.as_deref() {
         Some(SWARM_MODEL | AUTO_MODEL) => {
             let engine = run.engine(swarm.router_agent());
-            let route = swarm.route(&engine, run.question.clone(), None).await?;
+            let route = swarm
+                .route(&engine, run.question.clone(), None)
+                .await
+                .map_err(|e| engine.explain(e))?;
             run.hop("route", "router", 0, route.usage);
             let agent = answering(&registry, route.agent.as_str())?;
             (agent, Some(route_response(route)))
@@ -114,22 +144,41 @@ pub async fn create(
     if let Some(consensus) = consensus {
         let outcome = consensus.run(&mut run, &request, agent).await?;
         turn.commit(&outcome.text).await?;
-        return respond::whole(run, report, outcome, stream, include_usage, reply);
+        return Ok(Answered::Whole {
+            run,
+            report,
+            outcome,
+            stream,
+            include_usage,
+            reply,
+        });
     }
     if stream && (!policy.enabled || policy.stream_mode == router::StreamMode::Provisional) {
         let valid = run.prepare(&agent, &request, &[]).await?;
         let events = run.submit(&agent, &valid).await?;
-        let live = respond::Live {
+        let live = Live {
             agent,
             policy,
             valid,
             events,
         };
-        return Ok(respond::live(run, report, live, turn));
+        return Ok(Answered::Live {
+            run,
+            report,
+            live,
+            turn,
+        });
     }
     let outcome = run.answer(&registry, &request, agent, policy).await?;
     turn.commit(&outcome.text).await?;
-    respond::whole(run, report, outcome, stream, include_usage, reply)
+    Ok(Answered::Whole {
+        run,
+        report,
+        outcome,
+        stream,
+        include_usage,
+        reply,
+    })
 }
 
 /// The agent's default `tools` and `response_format`, where the request brings none.
@@ -164,7 +213,7 @@ fn answering(registry: &Registry, name: &str) -> Result<AgentSpec, ApiError> {
 }
 
 /// The answer a request releases.
-pub(crate) struct Outcome {
+pub struct Outcome {
     pub agent: AgentSpec,
     pub text: String,
     pub finish_reason: api::FinishReason,
@@ -173,13 +222,13 @@ pub(crate) struct Outcome {
 }
 
 /// One generation's result.
-pub(crate) struct Generated {
+pub struct Generated {
     pub text: String,
     pub finish_reason: api::FinishReason,
 }
 
 /// One swarm request as it runs: what it may spend and what it has spent.
-pub(crate) struct Run {
+pub struct Run {
     pub state: AppState,
     /// The first generation's limits; later hops get [`Run::later`].
     admission: Admission,
@@ -329,7 +378,7 @@ impl Run {
             self.admission
         };
         // The agent's system prompt is every caller's: its cached blocks are shared.
-        admission.shared_prefix = match system_prefix(self.state.model(), agent) {
+        admission.shared_prefix = match agent.system_prefix(self.state.model()) {
             Some(Ok(tokens)) => tokens.len(),
             _ => 0,
         };
@@ -394,7 +443,7 @@ impl Run {
     ) -> Result<Verdict, String> {
         let finish_reason =
             (answer.finish_reason == api::FinishReason::Length).then_some(FinishReason::Length);
-        let (question, text, failures) = crate::http::verify::deterministic(
+        let (question, text, failures) = deterministic(
             &self.state,
             self.question.clone(),
             answer.text.clone(),
@@ -413,10 +462,9 @@ impl Run {
         let mut embedded = 0;
         let relevance = match self.state.embeddings() {
             Some(embeddings) if checks.relevance && failures.is_empty() => {
-                let (similarity, tokens) =
-                    crate::http::verify::similarity(embeddings, &self.question, &answer.text)
-                        .await
-                        .map_err(|e| e.to_string())?;
+                let (similarity, tokens) = similarity(embeddings, &self.question, &answer.text)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 embedded = tokens;
                 Some(similarity)
             }
@@ -552,7 +600,7 @@ fn released(
 }
 
 /// The verifier's verdict as the API shows it.
-pub(crate) fn verdict_report(verdict: &Verdict, attempts: u32) -> VerdictReport {
+pub fn verdict_report(verdict: &Verdict, attempts: u32) -> VerdictReport {
     VerdictReport {
         status: if verdict.passed { "passed" } else { "failed" }.into(),
         score: Some(verdict.score),
@@ -563,7 +611,7 @@ pub(crate) fn verdict_report(verdict: &Verdict, attempts: u32) -> VerdictReport 
 }
 
 /// The verdict of an answer the verifier did not check.
-pub(crate) fn skipped(attempts: u32, reasons: Vec<String>) -> VerdictReport {
+pub fn skipped(attempts: u32, reasons: Vec<String>) -> VerdictReport {
     VerdictReport {
         status: "skipped".into(),
         score: None,

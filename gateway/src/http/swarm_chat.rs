@@ -1,22 +1,29 @@
-//! A swarm answer as the client receives it: a whole completion, a stream of a finished answer,
-//! or a live stream whose verdict comes last. Every response carries the `x-swarm-agent` header.
+//! A chat completion to the swarm (`model: "swarm"`, `"auto"` or an agent's name), as the client
+//! receives it: [`crate::service::swarm::run`] routes, answers and verifies; this shapes its
+//! answer as a whole completion, a stream of a finished answer, or a live stream whose verdict
+//! comes last. Every response carries the `x-swarm-agent` header.
 
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::stream;
-use router::{AgentSpec, VerifierPolicy};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::{skipped, verdict_report, Generated, Outcome, Run};
 use crate::api::swarm::SwarmReport;
+use crate::api::ChatCompletionRequest;
 use crate::api::{self, ChatChoice, ChatCompletion, Frame};
+use crate::error::ApiError;
 use crate::http::chat::Answer;
-use crate::http::choices::{sse_response, Choices, ChunkFormat, Events, Update};
+use crate::limits::Admission;
+use crate::service::choices::{sse_response, Choices, ChunkFormat, Update};
+use crate::service::swarm::run::{
+    self, skipped, verdict_report, Answered, Generated, Live, Outcome, Run,
+};
+use crate::service::swarm::Swarm;
+use crate::service::AppState;
 use crate::session::Turn;
 use crate::validate::structured::Reply;
-use crate::validate::ValidChatRequest;
 
 /// The header that names the agent whose answer the response carries.
 pub const AGENT_HEADER: &str = "x-swarm-agent";
@@ -24,15 +31,43 @@ pub const AGENT_HEADER: &str = "x-swarm-agent";
 /// Frames a live stream may hold before the client reads them.
 const LIVE_BUFFER: usize = 32;
 
+/// Answers `request`, which [`Swarm::answers`], as `turn` of its session.
+pub async fn create(
+    state: AppState,
+    admission: Admission,
+    swarm: Swarm,
+    request: ChatCompletionRequest,
+    turn: Turn,
+) -> Result<Response, ApiError> {
+    Ok(
+        match run::create(state, admission, swarm, request, turn).await? {
+            Answered::Whole {
+                run,
+                report,
+                outcome,
+                stream,
+                include_usage,
+                reply,
+            } => whole(run, report, outcome, stream, include_usage, reply)?,
+            Answered::Live {
+                run,
+                report,
+                live,
+                turn,
+            } => stream_live(run, report, live, turn),
+        },
+    )
+}
+
 /// The released answer, whole or as a stream whose first chunk carries the `swarm` object.
-pub(crate) fn whole(
+fn whole(
     run: Run,
     mut report: SwarmReport,
     outcome: Outcome,
     stream: bool,
     include_usage: bool,
     reply: Reply,
-) -> Result<Response, crate::error::ApiError> {
+) -> Result<Response, ApiError> {
     let usage = run.usage();
     let agent = outcome.agent.name.to_string();
     report.agent = agent.clone();
@@ -73,21 +108,11 @@ pub(crate) fn whole(
     Ok(with_agent(response, &agent))
 }
 
-/// An answer to stream as it is generated.
-pub(crate) struct Live {
-    pub agent: AgentSpec,
-    /// How the answer is verified once it is done.
-    pub policy: VerifierPolicy,
-    pub valid: ValidChatRequest,
-    /// The generation's events.
-    pub events: Events,
-}
-
 /// Streams the agent's answer from its events as it is generated; once it is done, verifies it
 /// under the policy (when the policy verifies) and sends the verdict and the hops on a last
 /// chunk before `[DONE]`, which waits until the answer is kept as `turn`. The client leaving
 /// drops the receiver, which ends the task and with it the engine stream.
-pub(crate) fn live(mut run: Run, mut report: SwarmReport, live: Live, turn: Turn) -> Response {
+fn stream_live(mut run: Run, mut report: SwarmReport, live: Live, turn: Turn) -> Response {
     let Live {
         agent,
         policy,

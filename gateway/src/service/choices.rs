@@ -24,18 +24,34 @@ use std::time::Duration;
 use axum::http::HeaderValue;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use engine::{Event, GenerateRequest, TokenLogprob};
+use engine::{Event, FinishReason, GenerateRequest, TokenLogprob};
 use futures::stream::{self, SelectAll};
 use futures::{Stream, StreamExt};
 use serde::Serialize;
 
 use crate::api::{self, ErrorBody, Frame, PromptTokensDetails};
-use crate::app::AppState;
 use crate::error::ApiError;
-use crate::http::chat::{finish_reason, LOST_STREAM};
 use crate::limits::Admission;
-pub(crate) use crate::limits::Events;
 use crate::metrics::Metrics;
+use crate::service::admission::Events;
+use crate::service::AppState;
+
+/// What an engine stream that ends without its final event tells the client.
+pub const LOST_STREAM: &str = "the engine ended the request without finishing it";
+
+/// The reason OpenAI reports, or the error a failed generation is.
+pub fn finish_reason(
+    reason: FinishReason,
+    error: Option<String>,
+) -> Result<api::FinishReason, ApiError> {
+    match reason {
+        FinishReason::Stop => Ok(api::FinishReason::Stop),
+        FinishReason::Length => Ok(api::FinishReason::Length),
+        FinishReason::Cancelled | FinishReason::Error => Err(ApiError::Generation(
+            error.unwrap_or_else(|| reason.as_str().to_owned()),
+        )),
+    }
+}
 
 /// How long a stream's headers wait for its first update.
 pub const HEADERS_WAIT: Duration = Duration::from_secs(1);

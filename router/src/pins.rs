@@ -1,10 +1,12 @@
-//! Agents' system prompts kept warm: every answering agent's [`system_prefix`] is prefilled once
-//! and its full KV blocks pinned on the device, so that each of the agent's requests starts
-//! with a prefix-cache hit, however much other traffic went through the cache meanwhile.
+//! Agents' system prompts kept warm: every answering agent's [`AgentSpec::system_prefix`] is
+//! prefilled once and its full KV blocks pinned on the device, so that each of the agent's
+//! requests starts with a prefix-cache hit, however much other traffic went through the cache
+//! meanwhile.
 //!
 //! Pins are taken when the swarm is loaded and when an agent is added, and released when it is
-//! removed; [`Pins::sync`] brings them in step with a swarm reloaded from the agent store. Agents with the same system prompt share its blocks (the cache keys blocks by
-//! content), so pinning one prompt twice costs nothing more.
+//! removed; [`Pins::sync`] brings them in step with a swarm reloaded from the agent store.
+//! Agents with the same system prompt share its blocks (the cache keys blocks by content), so
+//! pinning one prompt twice costs nothing more.
 //!
 //! Invariant: the pinned prefixes together never take more than [`SHARE_DENOMINATOR`]⁻¹ of the
 //! device's KV capacity, so that pins can never starve the requests they are meant to speed up;
@@ -14,10 +16,9 @@
 use std::collections::BTreeMap;
 
 use engine::{EngineHandle, PrefixPin, Prompt};
-use router::{AgentId, AgentSpec};
 use tokio::sync::Mutex;
 
-use crate::validate::agent::system_prefix;
+use crate::{AgentId, AgentSpec};
 
 /// Pins may take at most 1/`SHARE_DENOMINATOR` of the device KV capacity.
 pub const SHARE_DENOMINATOR: usize = 2;
@@ -80,7 +81,7 @@ impl Pins {
         let mut warming = Vec::new();
         for agent in agents {
             pinned.remove(&agent.name);
-            let Some(prefix) = system_prefix(model, agent) else {
+            let Some(prefix) = agent.system_prefix(model) else {
                 continue;
             };
             // Tokenized once here: the share check needs the length, the engine the ids.

@@ -11,10 +11,10 @@
 
 use router::{AgentSpec, Registry};
 
-use super::{skipped, verdict_report, Generated, Outcome, Run};
 use crate::api::swarm::{ConsensusReport, ConsensusSample, VerdictReport};
 use crate::api::ChatCompletionRequest;
 use crate::error::ApiError;
+use crate::service::swarm::run::{skipped, verdict_report, Generated, Outcome, Run};
 
 /// Most samples one request may ask for: each is a sequence in the engine.
 pub const MAX_SAMPLES: usize = 8;

@@ -1,12 +1,12 @@
 //! `swarmgate worker`: an engine serving requests from gateways over NATS (see
-//! [`crate::transport::protocol`] for the wire format).
+//! [`protocol`] for the wire format).
 //!
 //! At start-up (its engine loaded) the worker refuses to run under the id of a live worker (one
 //! whose heartbeats still come), then pins the system prompts of the answering agents it
 //! hosts (`--agents`, else every agent of the swarm file, or of the agent store with
 //! `--database-url`, whose edits it follows), subscribes to their subjects (and to
 //! requests for no agent) in the workers' queue group, to its own subject, to its cancel
-//! subject and to the answers to its reader probes (see [`crate::transport::protocol`]), and
+//! subject and to the answers to its reader probes (see [`protocol`]), and
 //! starts heartbeating into the registry. Each request is checked (version, shape,
 //! names), answered at once with an acceptance or a refusal, and its events published in
 //! batches on the subject it names; a malformed message is logged and refused, never fatal.
@@ -33,6 +33,12 @@ use axum::{Json, Router};
 use engine::{EngineConfig, EngineError, EngineHandle, Event};
 use futures::stream::SelectAll;
 use futures::StreamExt as _;
+use protocol::connection::NatsArgs;
+use protocol::workers;
+use protocol::{
+    self, Batch, Cancel, Heartbeat, RefusalCode, Reply, Subjects, Submit, FLUSH_INTERVAL,
+    FLUSH_TOKENS, KEEPALIVE, QUEUE_GROUP, READER_PROBE, VERSION,
+};
 use router::{AgentSpec, Pins, SwarmConfig};
 use tokio::sync::oneshot;
 
@@ -40,12 +46,6 @@ use crate::agent_store::AgentStore;
 use crate::auth::{ApiKey, Auth};
 use crate::error::ApiError;
 use crate::metrics::{self, Metrics};
-use crate::transport::connection::NatsArgs;
-use crate::transport::protocol::{
-    self, Batch, Cancel, Heartbeat, RefusalCode, Reply, Subjects, Submit, FLUSH_INTERVAL,
-    FLUSH_TOKENS, KEEPALIVE, QUEUE_GROUP, READER_PROBE, VERSION,
-};
-use crate::transport::registry;
 
 /// Settings for `swarmgate worker`.
 #[derive(Clone, Debug, clap::Args)]
@@ -149,10 +149,10 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
         None => hosted_agents(&config)?,
     };
     let client = config.nats.connect(&format!("swarmgate-{id}")).await?;
-    let store = registry::bucket(client.clone(), &subjects, ttl)
+    let store = workers::bucket(client.clone(), &subjects, ttl)
         .await
         .context("cannot open the workers' registry (is JetStream on?)")?;
-    if let Some(seen) = registry::live(&store, &id, ttl).await? {
+    if let Some(seen) = workers::live(&store, &id, ttl).await? {
         anyhow::bail!(
             "a worker named {id:?} is already live in cluster {:?} (its heartbeat came again \
              within {} ms): give this one another --worker-id, or stop that one first",
@@ -214,7 +214,7 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
                     // The bucket may be gone with a NATS server that restarted: it is opened
                     // again, created if need be, for the next heartbeat.
                     tracing::warn!(error = %e, "cannot publish the heartbeat; reopening the registry");
-                    match registry::bucket(worker.client.clone(), &worker.subjects, ttl).await {
+                    match workers::bucket(worker.client.clone(), &worker.subjects, ttl).await {
                         Ok(reopened) => store = reopened,
                         Err(e) => tracing::warn!(error = %e, "cannot reopen the registry"),
                     }

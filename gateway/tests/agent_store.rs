@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use axum::http::{Method, StatusCode};
 use gateway::agent_store::AgentStore;
-use gateway::transport::protocol::{self, Heartbeat, Subjects};
 use gateway::Swarm;
 use gateway::{AppState, ServeConfig};
+use protocol::{self, Heartbeat, Subjects};
 use router::SwarmConfig;
 use serde_json::{json, Value};
 use support::api::call;
@@ -305,7 +305,7 @@ async fn a_worker_pins_the_stored_agents_and_follows_the_gateways_edits() {
     let worker = cluster::worker(&cluster, "pins", &["--database-url", &url]).await;
     let client = async_nats::connect(NATS_URL).await.unwrap();
     let subjects = Subjects::new(&cluster).unwrap();
-    let registry = gateway::transport::registry::bucket(client, &subjects, Duration::from_secs(2))
+    let registry = protocol::workers::bucket(client, &subjects, Duration::from_secs(2))
         .await
         .unwrap();
     // The stored agents are the shipped file's: the worker pins the answering ones.

@@ -15,10 +15,11 @@ use clap::Parser;
 use engine::sampler::faults;
 use engine::{EmbedderConfig, EngineConfig, EngineHandle, GenerateRequest, Prompt};
 use gateway::config::ServeConfig;
-use gateway::transport::protocol::Subjects;
-use gateway::transport::{registry, IntoTransport};
+use gateway::transport::IntoTransport;
 use gateway::worker::WorkerConfig;
 use gateway::AppState;
+use protocol::workers;
+use protocol::Subjects;
 use serde_json::json;
 use support::api::call;
 use support::cluster::{cluster, free_port, NATS_URL};
@@ -135,7 +136,7 @@ async fn a_worker_leaves_the_registry_and_exits_when_its_engine_dies() {
     let running = tokio::spawn(gateway::worker::run(config, engine.clone()));
     let client = async_nats::connect(NATS_URL).await.unwrap();
     let subjects = Subjects::new(&cluster).unwrap();
-    let bucket = registry::bucket(client, &subjects, Duration::from_secs(30))
+    let bucket = workers::bucket(client, &subjects, Duration::from_secs(30))
         .await
         .unwrap();
     let listed = async {

@@ -9,9 +9,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gateway::transport::connection::NatsArgs;
-use gateway::transport::protocol::{self, Heartbeat, Subjects, VERSION};
-use gateway::transport::registry;
+use protocol::connection::NatsArgs;
+use protocol::workers;
+use protocol::{self, Heartbeat, Subjects, VERSION};
 use serde_json::{json, Value};
 use support::cluster::{self, Process};
 use support::jwt::{self, Operator};
@@ -150,7 +150,7 @@ async fn the_compose_roles_serve_a_swarm_and_only_workers_write_heartbeats() {
     // A gateway may read the registry but not write a heartbeat, nor take requests.
     let subjects = Subjects::new("swarm").unwrap();
     let (as_gateway, mut errors) = as_user(&server, "gateway", GATEWAY_PASSWORD).await;
-    let store = registry::bucket(as_gateway.clone(), &subjects, Duration::from_secs(2))
+    let store = workers::bucket(as_gateway.clone(), &subjects, Duration::from_secs(2))
         .await
         .expect("a gateway opens the registry");
     let forged = Heartbeat {
@@ -202,7 +202,7 @@ async fn after_a_nats_restart_the_registry_is_back_and_ready_recovers_by_itself(
     // would miss the worker's next heartbeats for minutes.
     let client = async_nats::connect(&url).await.unwrap();
     let subjects = Subjects::new(&name).unwrap();
-    let store = registry::bucket(client, &subjects, Duration::from_secs(2))
+    let store = workers::bucket(client, &subjects, Duration::from_secs(2))
         .await
         .unwrap();
     let mut filler = Heartbeat {

@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 
 use engine::{Event, FinishReason, GenerateRequest, Prompt, SamplingParams};
 use futures::StreamExt as _;
-use gateway::transport::protocol::{
-    self, Batch, Cancel, RefusalCode, Reply, Subjects, Submit, VERSION,
-};
+use protocol::{self, Batch, Cancel, RefusalCode, Reply, Subjects, Submit, VERSION};
 use serde_json::{json, Value};
 use support::cluster::{self, NATS_URL};
 
@@ -396,10 +394,9 @@ async fn fake_worker(
     in_flight: usize,
     script: Vec<Vec<Event>>,
 ) -> Arc<AtomicUsize> {
-    let store =
-        gateway::transport::registry::bucket(client.clone(), subjects, Duration::from_secs(30))
-            .await
-            .unwrap();
+    let store = protocol::workers::bucket(client.clone(), subjects, Duration::from_secs(30))
+        .await
+        .unwrap();
     let beat = protocol::Heartbeat {
         v: VERSION,
         worker: id.into(),

@@ -3,19 +3,14 @@
 //! ([`local::Local`], `swarmgate serve`) or in worker processes reached over NATS
 //! ([`nats::Nats`], `swarmgate gateway`). Handlers, the router and the verifier never know which.
 //!
-//! - [`connection`] is how both sides join NATS: server, cluster, credentials, TLS.
-//! - [`protocol`] is the NATS wire format: subjects, versioned messages, and their validation.
-//! - [`registry`] is the workers' JetStream key-value bucket: their heartbeats (load, agents,
-//!   warm prefixes) and the gateway's live view of them.
+//! - The [`protocol`] crate is the NATS wire format both sides speak, the workers' registry
+//!   and how both join NATS.
 //! - [`nats`] is the gateway's side: picks a worker, hands the request over, relays the batched
 //!   token messages, fails over and watches every stream for silence.
 //! - [`crate::worker`] is the other side: a worker process serving its engine on NATS.
 
-pub mod connection;
 pub mod local;
 pub mod nats;
-pub mod protocol;
-pub mod registry;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //!
 //! A request is tokenized and checked here (the gateway loads the model's tokenizer and chat
 //! template, not its weights), then handed over: to the best live worker hosting its agent
-//! according to the [`registry`](super::registry) (least loaded, prompt warm), or, when the
+//! according to the [`registry`](protocol::workers) (least loaded, prompt warm), or, when the
 //! registry knows none, to the agent's queue subject, where NATS picks one. A worker that is
 //! gone (no responders), silent (no answer within the accept timeout) or refusing for a reason
 //! another worker may not have (overloaded, draining) is skipped for the next one, and so is a
@@ -29,12 +29,12 @@ use engine::{
 };
 use futures::future::BoxFuture;
 use futures::StreamExt as _;
+use protocol::connection::NatsArgs;
+use protocol::workers::{self, Lease, Workers};
+use protocol::{Batch, Cancel, Reply, Subjects, Submit, VERSION};
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
 
-use super::connection::NatsArgs;
-use super::protocol::{self, Batch, Cancel, Reply, Subjects, Submit, VERSION};
-use super::registry::{self, Lease, Workers};
 use super::Transport;
 
 /// Settings of `swarmgate gateway` besides the server's.
@@ -117,7 +117,7 @@ impl Nats {
         settings: Settings,
     ) -> anyhow::Result<Self> {
         let store =
-            registry::bucket(client.clone(), &settings.subjects, settings.registry_ttl).await?;
+            workers::bucket(client.clone(), &settings.subjects, settings.registry_ttl).await?;
         let workers = Workers::default();
         tokio::spawn(follow(
             client.clone(),
@@ -153,7 +153,7 @@ async fn follow(
             tracing::warn!(error = %e, "the workers' registry watch failed; reopening it");
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-        match registry::bucket(client.clone(), &settings.subjects, settings.registry_ttl).await {
+        match workers::bucket(client.clone(), &settings.subjects, settings.registry_ttl).await {
             Ok(reopened) => store = reopened,
             Err(e) => tracing::warn!(error = %e, "cannot reopen the workers' registry; retrying"),
         }

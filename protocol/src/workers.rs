@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, kv};
 use futures::StreamExt as _;
 
-use super::protocol::{self, Heartbeat, Subjects};
+use crate::{self as protocol, Heartbeat, Subjects};
 
 /// Opens the registry bucket, creating it when it does not exist yet. Keys expire `ttl` after
 /// their last write.
@@ -191,7 +191,7 @@ impl Workers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::protocol::VERSION;
+    use crate::VERSION;
 
     fn beat(worker: &str, in_flight: usize, agents: &[&str], warm: &[&str]) -> Heartbeat {
         Heartbeat {

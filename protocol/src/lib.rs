@@ -1,4 +1,11 @@
-//! The NATS wire format between gateways and workers, version [`VERSION`].
+//! Swarmgate's NATS protocol: what gateways and workers say to each other, and how they meet.
+//! Both sides use this crate and nothing of each other; it uses the engine's request and event
+//! types only.
+//!
+//! - [`connection`]: how both sides join NATS (server, cluster, credentials, TLS).
+//! - [`workers`]: the workers' registry, a JetStream key-value bucket of heartbeats, and the
+//!   gateway's live view of it.
+//! - This module: the wire format, version [`VERSION`].
 //!
 //! Subjects ([`Subjects`]), under the cluster's name (`swarm` unless `--cluster` says otherwise,
 //! so that several swarms can share one NATS):
@@ -11,7 +18,7 @@
 //! - `swarm.v1.stream.<gateway>.<request>`: the [`Batch`]es of one request's events, back to the
 //!   gateway that asked.
 //!
-//! The registry is the key-value bucket `swarm_workers` (see [`super::registry`]).
+//! The registry is the key-value bucket `swarm_workers` (see [`workers`]).
 //!
 //! A request is a NATS request: the worker answers it at once with a [`Reply`] (accepted, or
 //! refused with a [`RefusalCode`]), then publishes the request's events on the stream subject
@@ -24,6 +31,9 @@
 //! Every message is JSON with a `v` field. [`decode`] checks the version before anything else
 //! and then the whole shape; subjects and names a message carries are checked too, so a worker
 //! never publishes where a malformed message tells it to.
+
+pub mod connection;
+pub mod workers;
 
 use std::time::Duration;
 

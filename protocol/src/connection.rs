@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-use super::protocol::Subjects;
+use crate::Subjects;
 
 /// A password or token: its `Debug` and `Display` hide it.
 #[derive(Clone, PartialEq, Eq)]

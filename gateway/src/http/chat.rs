@@ -36,7 +36,7 @@ use crate::http::swarm_chat;
 use crate::limits::Admission;
 use crate::logprobs;
 use crate::service::choices::{sse_response, Choices, ChunkFormat};
-use crate::service::AppState;
+use crate::service::{swarm, AppState};
 use crate::session::Echo;
 use crate::tool_calls::{self, EnvelopeReader, Piece};
 use crate::validate::structured::{self, Reply};
@@ -71,9 +71,9 @@ pub async fn create(
     let echo = turn.echo();
     if let Some(swarm) = state.swarm() {
         if swarm.answers(request.model.as_deref()) {
-            let response =
-                swarm_chat::create(state.clone(), admission, swarm.clone(), request, turn).await?;
-            return Ok((echo, response));
+            let answered =
+                swarm::run::create(state.clone(), admission, swarm.clone(), request, turn).await?;
+            return Ok((echo, swarm_chat::respond(answered)?));
         }
     }
     let model_info = state.model();

@@ -11,17 +11,13 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::api::swarm::SwarmReport;
-use crate::api::ChatCompletionRequest;
 use crate::api::{self, ChatChoice, ChatCompletion, Frame};
 use crate::error::ApiError;
 use crate::http::chat::Answer;
-use crate::limits::Admission;
 use crate::service::choices::{sse_response, Choices, ChunkFormat, Update};
 use crate::service::swarm::run::{
-    self, skipped, verdict_report, Answered, Generated, Live, Outcome, Run,
+    skipped, verdict_report, Answered, Generated, Live, Outcome, Run,
 };
-use crate::service::swarm::Swarm;
-use crate::service::AppState;
 use crate::session::Turn;
 use crate::validate::structured::Reply;
 
@@ -31,32 +27,24 @@ pub const AGENT_HEADER: &str = "x-swarm-agent";
 /// Frames a live stream may hold before the client reads them.
 const LIVE_BUFFER: usize = 32;
 
-/// Answers `request`, which [`Swarm::answers`], as `turn` of its session.
-pub async fn create(
-    state: AppState,
-    admission: Admission,
-    swarm: Swarm,
-    request: ChatCompletionRequest,
-    turn: Turn,
-) -> Result<Response, ApiError> {
-    Ok(
-        match run::create(state, admission, swarm, request, turn).await? {
-            Answered::Whole {
-                run,
-                report,
-                outcome,
-                stream,
-                include_usage,
-                reply,
-            } => whole(run, report, outcome, stream, include_usage, reply)?,
-            Answered::Live {
-                run,
-                report,
-                live,
-                turn,
-            } => stream_live(run, report, live, turn),
-        },
-    )
+/// The response that sends `answered`, the swarm pipeline's answer.
+pub fn respond(answered: Answered) -> Result<Response, ApiError> {
+    Ok(match answered {
+        Answered::Whole {
+            run,
+            report,
+            outcome,
+            stream,
+            include_usage,
+            reply,
+        } => whole(run, report, outcome, stream, include_usage, reply)?,
+        Answered::Live {
+            run,
+            report,
+            live,
+            turn,
+        } => stream_live(run, report, live, turn),
+    })
 }
 
 /// The released answer, whole or as a stream whose first chunk carries the `swarm` object.

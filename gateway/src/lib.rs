@@ -1,45 +1,39 @@
-//! Swarmgate's gateway: an OpenAI-compatible HTTP front end for the inference engine.
+//! Swarmgate's gateway: the OpenAI-compatible HTTP API (and the same chat over gRPC) in front of
+//! the engines, and the NATS worker that serves an engine to gateways. A library: the
+//! `swarmgate` binary is the `cli` crate's. Uses `engine`, `router` (agents, routing, the
+//! verifier) and `protocol` (the NATS wire format); nothing but `cli` and the fuzz targets uses
+//! it.
 //!
-//! A request travels through these pieces, in order:
-//! - [`mod@app`] builds the router: routes, the request-body limit, `x-request-id`, tracing.
-//!   [`app::AppState`] is what every handler shares (the engine handle and the served model,
-//!   the keys, the limits, the sessions, the metrics).
-//! - [`auth`] checks API keys and names the [`auth::Caller`]; [`limits`] applies per-caller
-//!   rate limits (their buckets live in a [`state`] store) and the bounded admission queue, and
-//!   submits work to the engine under the [`deadline`]s; [`metrics`] counts it all for
-//!   `GET /metrics`.
-//! - [`session`] keeps conversation histories (in the same [`state`] store), so a chat client in
-//!   a session sends only its new turn.
-//! - [`http`] holds one module per endpoint family; handlers are thin: extract, validate, submit,
-//!   shape the answer. [`http::json`] is the JSON body extractor, whose failures keep the OpenAI
-//!   error envelope instead of axum's plain-text defaults.
-//! - [`api`] is OpenAI's wire format and nothing else: serde types, no behaviour.
+//! Modules, leaf first (a module uses only those above it; `scripts/module-cycles.py` checks
+//! that no cycle holds more than 3 files):
+//! - [`api`] is OpenAI's wire format: serde types, no behaviour. [`error`] is the one place
+//!   that decides HTTP statuses and error bodies (and their OpenAPI descriptions).
 //! - [`validate`] turns a wire request into a request the engine can run, or a 400 naming the
-//!   offending field. Only a [`validate::ValidChatRequest`] reaches the engine. Its
+//!   offending field; only a [`validate::ValidChatRequest`] reaches the engine. Its
 //!   [`validate::structured`] turns `response_format` and `tools` into the grammar the engine
-//!   enforces, and [`tool_calls`] reads a tool-call answer back into OpenAI's shapes.
-//! - [`agent_store`] keeps the swarm's agents in PostgreSQL when replicas share them
-//!   (`--database-url`); [`service::swarm::Swarm`] follows it.
-//! - [`logprobs`] turns the engine's token log-probabilities into OpenAI's shape.
-//! - [`error`] is the one place that decides HTTP statuses and error bodies.
-//! - [`grpc`] is the same chat API over gRPC, on a port of its own: its requests pass through
-//!   [`validate`] too, and its errors map to gRPC codes in one table.
-//! - [`openapi`] is the API's OpenAPI document, generated from [`api`] and the handlers.
-//! - [`config`] is the server's settings: flags, environment and configuration file; [`serve`]
-//!   runs it all, and [`connection`] serves each TCP connection under its header and idle
-//!   timeouts.
+//!   enforces, and [`tool_calls`] reads a tool-call answer back into OpenAI's shapes;
+//!   [`logprobs`] shapes the engine's log-probabilities.
+//! - [`state`] is the store (in memory, or Redis) for rate-limit buckets, sessions and stored
+//!   responses; [`agent_store`] keeps the swarm's agents in PostgreSQL (`--database-url`).
+//! - [`auth`] checks API keys and names the [`auth::Caller`]; [`limits`] holds the per-caller
+//!   rate limits, the bounded admission queue and the [`deadline`]s; [`session`] keeps
+//!   conversation histories; [`metrics`] counts it all for `GET /metrics`.
+//! - [`transport`] is where engines live: this process ([`transport::Local`], `swarmgate
+//!   serve`) or workers over NATS ([`transport::Nats`], `swarmgate gateway`); [`worker`] is the
+//!   other side, a process serving its engine on NATS.
+//! - [`service`] is what every entry point does once a request is parsed: [`AppState`], engine
+//!   calls under the request's limits, choices, embeddings, verification, stored responses, and
+//!   the swarm's pipeline (route, answer as an agent, verify, consensus).
+//! - [`http`] (one module per endpoint family) and [`grpc`] parse, call the service and shape
+//!   JSON or server-sent events; [`openapi`] is the API's document, generated from [`api`] and
+//!   the handlers.
+//! - [`mod@app`] is the route table and the layers every request passes; [`config`] the
+//!   settings (flags, environment, file); [`serve`] runs it all, and [`connection`] serves each
+//!   TCP connection under its timeouts.
 //!
 //! Handlers reach the engines only through [`transport::Transport::submit`] and the stream it
-//! returns, whether the engine runs on a thread of this process (`swarmgate serve`) or in
-//! [`worker`] processes over NATS (`swarmgate gateway`). Dropping that stream cancels the
-//! request wherever it runs, so a client that goes away frees its KV blocks without any
-//! bookkeeping here.
-//!
-//! `POST /v1/swarm/verify` ([`http::verify`]) runs the swarm's verifier ([`router::Verifier`])
-//! alone on a question and an answer; [`app::AppState`] holds the verifier.
-//!
-//! Embeddings never touch the engine: [`http::embeddings`] runs the BERT model on tokio's
-//! blocking threads, one request at a time, on a few compute threads of its own.
+//! returns. Dropping that stream cancels the request wherever it runs, so a client that goes
+//! away frees its KV blocks without any bookkeeping here.
 
 pub mod agent_store;
 pub mod api;

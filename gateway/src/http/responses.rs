@@ -13,7 +13,7 @@
 //! first token is still an error status.
 //!
 //! Stored responses ([`StoredResponses`], `store` defaults to `true`): once answered (streamed:
-//! before the last event goes out), the response is kept in the [`StateStore`] with the input it
+//! before the last event goes out), the response is kept in the [`crate::state::StateStore`] with the input it
 //! answered, under its caller and id, so another API key never sees it, and in Redis with
 //! `--redis`, so every replica does. `previous_response_id` puts that input and the response's
 //! output before the request's input (its `instructions` are not carried over); unknown, it is a

@@ -11,7 +11,7 @@
 //! index in step with them. Edits and reloads are serialized, so pins follow the registry in
 //! the order it changed.
 
-mod consensus;
+pub mod consensus;
 pub mod run;
 
 use std::sync::{Arc, Weak};

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use async_nats::jetstream::kv;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
@@ -119,8 +120,100 @@ struct Worker {
     warm: Mutex<Vec<String>>,
 }
 
-/// Runs the worker on `engine` until SIGTERM or ctrl-c, then drains.
+/// Runs the worker on `engine` until SIGTERM or ctrl-c, then drains: [`connect`], then
+/// [`subscribe`] and [`heartbeat`], then take requests until the signal (or the engine's
+/// failure), then [`drain`].
 pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<()> {
+    let Connected {
+        id,
+        client,
+        registry,
+        agent_store,
+        hosted,
+    } = connect(&config).await?;
+    let subjects = config.nats.subjects()?;
+    let pins = Arc::new(Pins::new(engine.clone()));
+    let pinned = pins.sync(&answering(&hosted)).await?;
+    let worker = Arc::new(Worker {
+        id: id.clone(),
+        subjects,
+        engine,
+        client: client.clone(),
+        metrics: Metrics::new(),
+        auth: Auth::new(&config.api_keys, &config.admin_keys, false),
+        running: Mutex::new(HashMap::new()),
+        probe_inbox: client.new_inbox(),
+        in_flight: AtomicUsize::new(0),
+        draining: AtomicBool::new(false),
+        warm: Mutex::new(pins.warm().await),
+    });
+    let following = agent_store.map(|store| {
+        tokio::spawn(follow_agents(
+            store,
+            pins,
+            worker.clone(),
+            config.agents.clone(),
+        ))
+    });
+    let mut subscribed = subscribe(&worker, &config.agents).await?;
+    let beat = heartbeat(&worker, &config, registry.clone())?;
+    let probes = serve_probes(&worker, &config).await?;
+    tracing::info!(worker = %id, agents = ?config.agents, pinned_prompt_tokens = pinned, "worker serving");
+
+    let shutdown = crate::shutdown_signal();
+    tokio::pin!(shutdown);
+    // A failed engine cannot recover: its requests have ended with errors; the worker leaves the
+    // registry (so that no gateway picks it) and exits non-zero, for its supervisor to restart.
+    let engine = worker.engine.clone();
+    let engine_failed = engine.stopped();
+    tokio::pin!(engine_failed);
+    let mut failed = false;
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            () = &mut engine_failed => {
+                tracing::error!("the engine failed; leaving the cluster");
+                failed = true;
+                break;
+            }
+            Some(message) = subscribed.requests.next() => worker.clone().take(message).await,
+            Some(message) = subscribed.cancels.next() => worker.cancel(&message.payload),
+            Some(message) = subscribed.probe_answers.next() => worker.probed(&message),
+            else => break,
+        }
+    }
+
+    beat.abort();
+    if let Some(following) = following {
+        following.abort();
+    }
+    drain(&worker, &registry, subscribed, config.drain_timeout_secs).await;
+    if let Some(probes) = probes {
+        probes.abort();
+    }
+    let _ = client.flush().await;
+    tracing::info!(worker = %id, "worker stopped");
+    anyhow::ensure!(
+        !failed,
+        "the engine failed and stopped; exiting so that the worker is restarted"
+    );
+    Ok(())
+}
+
+/// A worker joined to its cluster, before it takes anything.
+struct Connected {
+    id: String,
+    client: async_nats::Client,
+    /// The workers' registry bucket.
+    registry: kv::Store,
+    agent_store: Option<AgentStore>,
+    /// The agents it hosts (every agent of the swarm when `--agents` names none).
+    hosted: Vec<AgentSpec>,
+}
+
+/// Checks the worker's names, reads the agents it hosts (from the agent store or the swarm
+/// file), connects to NATS and opens the registry, refusing a worker id that is already live.
+async fn connect(config: &WorkerConfig) -> anyhow::Result<Connected> {
     let id = config.worker_id.clone().unwrap_or_else(|| {
         format!(
             "worker-{}",
@@ -146,13 +239,13 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
     };
     let hosted = match &agent_store {
         Some(store) => hosting(store.load().await?, &config.agents),
-        None => hosted_agents(&config)?,
+        None => hosted_agents(config)?,
     };
     let client = config.nats.connect(&format!("swarmgate-{id}")).await?;
-    let store = workers::bucket(client.clone(), &subjects, ttl)
+    let registry = workers::bucket(client.clone(), &subjects, ttl)
         .await
         .context("cannot open the workers' registry (is JetStream on?)")?;
-    if let Some(seen) = workers::live(&store, &id, ttl).await? {
+    if let Some(seen) = workers::live(&registry, &id, ttl).await? {
         anyhow::bail!(
             "a worker named {id:?} is already live in cluster {:?} (its heartbeat came again \
              within {} ms): give this one another --worker-id, or stop that one first",
@@ -160,122 +253,113 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
             seen.as_millis()
         );
     }
+    Ok(Connected {
+        id,
+        client,
+        registry,
+        agent_store,
+        hosted,
+    })
+}
 
-    let pins = Arc::new(Pins::new(engine.clone()));
-    let pinned = pins.sync(&answering(&hosted)).await?;
-    let worker = Arc::new(Worker {
-        id: id.clone(),
-        subjects: subjects.clone(),
-        engine,
-        client: client.clone(),
-        metrics: Metrics::new(),
-        auth: Auth::new(&config.api_keys, &config.admin_keys, false),
-        running: Mutex::new(HashMap::new()),
-        probe_inbox: client.new_inbox(),
-        in_flight: AtomicUsize::new(0),
-        draining: AtomicBool::new(false),
-        warm: Mutex::new(pins.warm().await),
-    });
-    let following = agent_store.map(|store| {
-        tokio::spawn(follow_agents(
-            store,
-            pins,
-            worker.clone(),
-            config.agents.clone(),
-        ))
-    });
+/// The worker's subscriptions: its requests (its agents' queue groups, `any`, and its own
+/// subject), the cancels of its requests, and the answers to its reader probes.
+struct Subscribed {
+    requests: SelectAll<async_nats::Subscriber>,
+    cancels: async_nats::Subscriber,
+    probe_answers: async_nats::Subscriber,
+}
 
+/// Subscribes `worker` to the subjects of `agents` (every agent when empty) and its own.
+async fn subscribe(worker: &Worker, agents: &[String]) -> anyhow::Result<Subscribed> {
+    let (client, subjects) = (&worker.client, &worker.subjects);
     let mut requests = SelectAll::new();
-    let agent_subjects: Vec<String> = if config.agents.is_empty() {
+    let agent_subjects: Vec<String> = if agents.is_empty() {
         vec![subjects.all_agents()]
     } else {
-        config.agents.iter().map(|a| subjects.agent(a)).collect()
+        agents.iter().map(|a| subjects.agent(a)).collect()
     };
     for subject in agent_subjects.into_iter().chain([subjects.any()]) {
         requests.push(client.queue_subscribe(subject, QUEUE_GROUP.into()).await?);
     }
-    requests.push(client.subscribe(subjects.worker(&id)).await?);
-    let mut cancels = client.subscribe(subjects.cancel(&id)).await?;
-    let mut probe_answers = client
-        .subscribe(format!("{}.*", worker.probe_inbox))
-        .await?;
+    requests.push(client.subscribe(subjects.worker(&worker.id)).await?);
+    Ok(Subscribed {
+        requests,
+        cancels: client.subscribe(subjects.cancel(&worker.id)).await?,
+        probe_answers: client
+            .subscribe(format!("{}.*", worker.probe_inbox))
+            .await?,
+    })
+}
 
-    let beat = {
-        let worker = worker.clone();
-        let agents = config.agents.clone();
-        let mut store = store.clone();
-        let every = Duration::from_millis(config.heartbeat_ms.max(50));
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tick.tick().await;
-                let beat = worker.heartbeat(&agents);
-                if let Err(e) = store.put(&worker.id, protocol::encode(&beat)).await {
-                    // The bucket may be gone with a NATS server that restarted: it is opened
-                    // again, created if need be, for the next heartbeat.
-                    tracing::warn!(error = %e, "cannot publish the heartbeat; reopening the registry");
-                    match workers::bucket(worker.client.clone(), &worker.subjects, ttl).await {
-                        Ok(reopened) => store = reopened,
-                        Err(e) => tracing::warn!(error = %e, "cannot reopen the registry"),
-                    }
+/// Publishes `worker`'s heartbeat into the registry every `--heartbeat-ms`, reopening the
+/// bucket when a NATS server that restarted lost it.
+fn heartbeat(
+    worker: &Arc<Worker>,
+    config: &WorkerConfig,
+    mut registry: kv::Store,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let ttl = config.nats.registry_ttl()?;
+    let worker = worker.clone();
+    let agents = config.agents.clone();
+    let every = Duration::from_millis(config.heartbeat_ms.max(50));
+    Ok(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            let beat = worker.heartbeat(&agents);
+            if let Err(e) = registry.put(&worker.id, protocol::encode(&beat)).await {
+                // The bucket may be gone with a NATS server that restarted: it is opened
+                // again, created if need be, for the next heartbeat.
+                tracing::warn!(error = %e, "cannot publish the heartbeat; reopening the registry");
+                match workers::bucket(worker.client.clone(), &worker.subjects, ttl).await {
+                    Ok(reopened) => registry = reopened,
+                    Err(e) => tracing::warn!(error = %e, "cannot reopen the registry"),
                 }
             }
-        })
-    };
-    let probes = if config.port == 0 {
-        None
-    } else {
-        let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
-            .await
-            .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
-        let app = Router::new()
-            .route("/metrics", get(scrape))
-            .route("/health", get(health))
-            .route("/ready", get(ready))
-            .with_state(worker.clone());
-        Some(tokio::spawn(
-            async move { axum::serve(listener, app).await },
-        ))
-    };
-    tracing::info!(worker = %id, agents = ?config.agents, pinned_prompt_tokens = pinned, "worker serving");
-
-    let shutdown = crate::shutdown_signal();
-    tokio::pin!(shutdown);
-    // A failed engine cannot recover: its requests have ended with errors; the worker leaves the
-    // registry (so that no gateway picks it) and exits non-zero, for its supervisor to restart.
-    let engine = worker.engine.clone();
-    let engine_failed = engine.stopped();
-    tokio::pin!(engine_failed);
-    let mut failed = false;
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            () = &mut engine_failed => {
-                tracing::error!("the engine failed; leaving the cluster");
-                failed = true;
-                break;
-            }
-            Some(message) = requests.next() => worker.clone().take(message).await,
-            Some(message) = cancels.next() => worker.cancel(&message.payload),
-            Some(message) = probe_answers.next() => worker.probed(&message),
-            else => break,
         }
-    }
+    }))
+}
 
-    // Drain: out of the registry and off the subjects first, so nothing new arrives.
-    worker.draining.store(true, Ordering::SeqCst);
-    beat.abort();
-    if let Some(following) = following {
-        following.abort();
+/// Serves `/metrics`, `/health` and `/ready` on `--host`:`--port`, unless the port is 0.
+async fn serve_probes(
+    worker: &Arc<Worker>,
+    config: &WorkerConfig,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<std::io::Result<()>>>> {
+    if config.port == 0 {
+        return Ok(None);
     }
-    if let Err(e) = store.delete(&id).await {
+    let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
+    let app = Router::new()
+        .route("/metrics", get(scrape))
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .with_state(worker.clone());
+    Ok(Some(tokio::spawn(async move {
+        axum::serve(listener, app).await
+    })))
+}
+
+/// Drains `worker`: out of the registry and off the request subjects first, so nothing new
+/// arrives, then waits up to `timeout_secs` for the requests in flight, still taking their
+/// cancels and probe answers.
+async fn drain(worker: &Worker, registry: &kv::Store, subscribed: Subscribed, timeout_secs: u64) {
+    let Subscribed {
+        requests,
+        mut cancels,
+        mut probe_answers,
+    } = subscribed;
+    worker.draining.store(true, Ordering::SeqCst);
+    if let Err(e) = registry.delete(&worker.id).await {
         tracing::warn!(error = %e, "cannot remove the worker from the registry");
     }
     for mut subscription in requests.into_iter() {
         let _ = subscription.unsubscribe().await;
     }
-    let _ = client.flush().await;
-    let deadline = Instant::now() + Duration::from_secs(config.drain_timeout_secs);
+    let _ = worker.client.flush().await;
+    let deadline = Instant::now() + Duration::from_secs(timeout_secs);
     tracing::info!(
         in_flight = worker.in_flight.load(Ordering::SeqCst),
         "draining"
@@ -295,16 +379,6 @@ pub async fn run(config: WorkerConfig, engine: EngineHandle) -> anyhow::Result<(
             break;
         }
     }
-    if let Some(probes) = probes {
-        probes.abort();
-    }
-    let _ = client.flush().await;
-    tracing::info!(worker = %id, "worker stopped");
-    anyhow::ensure!(
-        !failed,
-        "the engine failed and stopped; exiting so that the worker is restarted"
-    );
-    Ok(())
 }
 
 /// The agents the worker hosts, from the swarm file when there is one; every named agent must

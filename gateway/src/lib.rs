@@ -73,9 +73,9 @@ use tokio::net::TcpListener;
 
 pub use app::{app, AppState};
 pub use config::ServeConfig;
+pub use error::ApiError;
 pub use http::embeddings::Embeddings;
 pub use http::swarm::Swarm;
-pub use error::ApiError;
 
 /// Binds `config.host:config.port`, and `config.grpc_port` unless it is 0, and serves the HTTP
 /// and gRPC APIs until SIGTERM or ctrl-c; then both stop accepting connections and let the

@@ -13,15 +13,15 @@ use std::time::{Duration, Instant};
 
 use axum::http::{Method, StatusCode};
 use gateway::agent_store::AgentStore;
-use gateway::Swarm;
 use gateway::transport::protocol::{self, Heartbeat, Subjects};
+use gateway::Swarm;
 use gateway::{AppState, ServeConfig};
 use router::SwarmConfig;
 use serde_json::{json, Value};
-use support::api::call;
 use support::cluster::{self, cluster, NATS_URL};
 use support::postgres::TestDatabase;
-use support::{engine, root};
+use testkit::api::call;
+use testkit::{engine, root};
 
 const USER_KEY: &str = "sk-user";
 const ADMIN_KEY: &str = "sk-admin";

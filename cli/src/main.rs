@@ -14,7 +14,7 @@
 //! - `swarmgate loadgen` loads an OpenAI-compatible server on this machine over HTTP and reports
 //!   throughput and latency per concurrency level, as JSON and a chart.
 
-mod tools;
+mod commands;
 
 /// One malloc arena per core, before any thread starts, unless `MALLOC_ARENA_MAX` says
 /// otherwise. glibc's default of eight per core lets a server's memory keep growing under
@@ -58,19 +58,19 @@ enum Command {
     /// Run an engine for gateways, taking their requests over NATS.
     Worker(gateway::worker::WorkerConfig),
     /// Answer one prompt and print the answer as it is generated.
-    Generate(tools::generate::GenerateArgs),
+    Generate(commands::generate::GenerateArgs),
     /// Benchmark the engine in process: a concurrency sweep, or prefix caching on and off.
-    Bench(tools::bench::BenchArgs),
+    Bench(commands::bench::BenchArgs),
     /// Place a swarm's agents and models on devices within their memory budgets.
-    Plan(tools::plan::PlanArgs),
+    Plan(commands::plan::PlanArgs),
     /// Print the HTTP API's OpenAPI document (`--write openapi/openapi.json` updates the
     /// committed copy).
-    Openapi(tools::openapi::OpenApiArgs),
+    Openapi(commands::openapi::OpenApiArgs),
     /// Measure a swarm decision against labelled data (`eval routing FILE`, `eval verifier FILE`).
-    Eval(tools::eval::EvalArgs),
+    Eval(commands::eval::EvalArgs),
     /// Load a chat completions server on this machine at several concurrency levels: latency,
     /// throughput, errors; a JSON report and a PNG chart.
-    Loadgen(tools::loadgen::LoadgenArgs),
+    Loadgen(commands::loadgen::LoadgenArgs),
 }
 
 fn main() -> Result<()> {
@@ -88,12 +88,12 @@ fn main() -> Result<()> {
         Command::Serve(_) => serve(server_config(&matches, "serve")?),
         Command::Gateway(command) => run_gateway(server_config(&matches, "gateway")?, command.nats),
         Command::Worker(config) => run_worker(config),
-        Command::Generate(args) => tools::generate::run(args),
-        Command::Bench(args) => tools::bench::run(args),
-        Command::Plan(args) => tools::plan::run(args),
-        Command::Openapi(args) => tools::openapi::run(args),
-        Command::Eval(args) => tools::eval::run(args),
-        Command::Loadgen(args) => tools::loadgen::run(args),
+        Command::Generate(args) => commands::generate::run(args),
+        Command::Bench(args) => commands::bench::run(args),
+        Command::Plan(args) => commands::plan::run(args),
+        Command::Openapi(args) => commands::openapi::run(args),
+        Command::Eval(args) => commands::eval::run(args),
+        Command::Loadgen(args) => commands::loadgen::run(args),
     }
 }
 

@@ -4,8 +4,6 @@
 //! answers from its pinned prefix; removed, it is gone from routing and its blocks unpinned;
 //! refused edits say why and change nothing.
 
-mod support;
-
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
@@ -16,8 +14,8 @@ use gateway::Swarm;
 use gateway::{AppState, ServeConfig};
 use router::SwarmConfig;
 use serde_json::{json, Value};
-use support::api::call;
-use support::{models, root, MODEL_ID};
+use testkit::api::call;
+use testkit::{models, root, MODEL_ID};
 
 const USER_KEY: &str = "sk-user";
 const ADMIN_KEY: &str = "sk-admin";

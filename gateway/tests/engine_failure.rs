@@ -5,8 +5,6 @@
 //!
 //! Each test starts an engine of its own and arms the fault with a seed no other request uses.
 
-mod support;
-
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -21,9 +19,9 @@ use gateway::AppState;
 use protocol::workers;
 use protocol::Subjects;
 use serde_json::json;
-use support::api::call;
-use support::cluster::{cluster, free_port, NATS_URL};
-use support::{models, MODEL_ID};
+use testkit::api::call;
+use testkit::cluster::{cluster, free_port, NATS_URL};
+use testkit::{models, MODEL_ID};
 
 /// How long a server may take to notice that its engine stopped.
 const NOTICE: Duration = Duration::from_secs(10);

@@ -6,8 +6,6 @@
 //! the engine to itself: the cancellation test checks that every KV block is free again, which
 //! another test's sequence would make false.
 
-mod support;
-
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -18,7 +16,7 @@ use gateway::grpc::pb::inference_client::InferenceClient;
 use gateway::grpc::pb::{self, ChatMessage, ChatRequest, FinishReason};
 use gateway::{app, AppState};
 use serde_json::{json, Value};
-use support::{
+use testkit::{
     assert_cancelled, engine, generating, wait_until_idle, ENDLESS_PROMPT, MODEL_ID, QUESTION,
 };
 use tonic::transport::Channel;

@@ -6,8 +6,6 @@
 //! [`generating`] so that each sees the engine to itself: the disconnect test checks that every
 //! KV block is free again, which another test's sequence would make false.
 
-mod support;
-
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -17,7 +15,7 @@ use futures::StreamExt;
 use gateway::config::DEFAULT_MAX_BODY_BYTES;
 use gateway::{app, AppState};
 use serde_json::{json, Value};
-use support::{
+use testkit::{
     assert_cancelled, engine, generating, wait_until_idle, ENDLESS_PROMPT, MODEL_ID, QUESTION,
 };
 use tower::ServiceExt;
@@ -123,7 +121,7 @@ async fn answers_non_streaming() {
 #[tokio::test]
 async fn streams_over_a_real_server() {
     let _engine = generating().await;
-    let addr = support::serve(state()).await;
+    let addr = testkit::serve(state()).await;
     let response = reqwest::Client::new()
         .post(format!("http://{addr}/v1/chat/completions"))
         .json(&chat(json!({
@@ -268,7 +266,7 @@ async fn a_client_that_disconnects_frees_the_engine() {
     let _engine = generating().await;
     let stats = engine().stats();
     let decoded_before = stats.decode_tokens.load(Ordering::Relaxed);
-    let addr = support::serve(state()).await;
+    let addr = testkit::serve(state()).await;
     let response = reqwest::Client::new()
         .post(format!("http://{addr}/v1/chat/completions"))
         .json(&endless(true))
@@ -295,7 +293,7 @@ async fn a_client_that_gives_up_on_a_whole_answer_frees_the_engine() {
     let _engine = generating().await;
     let stats = engine().stats();
     let decoded_before = stats.decode_tokens.load(Ordering::Relaxed);
-    let addr = support::serve(state()).await;
+    let addr = testkit::serve(state()).await;
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(300))
         .build()
@@ -339,7 +337,7 @@ async fn a_body_that_does_not_arrive_in_time_is_a_408_and_the_server_stays_fast(
         body_read_timeout_secs: 0.5,
         ..gateway::ServeConfig::default()
     };
-    let addr = support::serve(AppState::configured(engine().clone(), &config)).await;
+    let addr = testkit::serve(AppState::configured(engine().clone(), &config)).await;
     let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
     let started = std::time::Instant::now();
     slow.write_all(
@@ -559,7 +557,7 @@ async fn completions_without_max_tokens_stop_at_16_and_the_operator_caps_every_r
 #[tokio::test]
 async fn completions_stream_every_choice_then_usage() {
     let _engine = generating().await;
-    let addr = support::serve(state()).await;
+    let addr = testkit::serve(state()).await;
     let body = json!({
         "model": MODEL_ID, "prompt": ["One, two,", "Red, green,"], "max_tokens": 5,
         "temperature": 0, "stream": true, "stream_options": {"include_usage": true},

@@ -6,8 +6,6 @@
 //! a burst in one test cannot starve another's deadline, and the engine is idle when a test
 //! checks that a timed-out request freed it.
 
-mod support;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -417,7 +415,7 @@ async fn a_burst_beyond_the_queue_is_shed_with_503_and_the_rest_complete() {
         max_queued_requests: 2,
         ..ServeConfig::default()
     });
-    let addr = support::serve(state).await;
+    let addr = testkit::serve(state).await;
     let client = reqwest::Client::new();
     let url = format!("http://{addr}/v1/chat/completions");
     let burst = (0..100).map(|_| {
@@ -485,7 +483,7 @@ async fn requests_are_admitted_by_their_sequences_so_the_engine_takes_each() {
         ..ServeConfig::default()
     };
     let state = state_on(EngineHandle::start(&engine_config).unwrap(), config);
-    let addr = support::serve(state.clone()).await;
+    let addr = testkit::serve(state.clone()).await;
     let client = reqwest::Client::new();
     let url = format!("http://{addr}/v1/chat/completions");
     let with_n = |n: u32| {

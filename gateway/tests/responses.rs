@@ -4,14 +4,12 @@
 //! is valid JSON with the schema's keys, events come in order and add up, a stored response is
 //! chained, read, deleted and private to its key), not about what the small model says.
 
-mod support;
-
 use axum::http::{Method, StatusCode};
 use gateway::config::ServeConfig;
 use gateway::AppState;
 use serde_json::{json, Value};
-use support::api::call;
-use support::{engine, generating, MODEL_ID, QUESTION};
+use testkit::api::call;
+use testkit::{engine, generating, MODEL_ID, QUESTION};
 
 /// The Redis `make test` starts (scripts/services.sh).
 const REDIS: &str = "redis://127.0.0.1:6379";
@@ -193,7 +191,7 @@ async fn a_required_function_tool_gives_a_function_call_item() {
 
 #[tokio::test]
 async fn a_stream_sends_events_in_order_that_add_up() {
-    let addr = support::serve(state(ServeConfig::default())).await;
+    let addr = testkit::serve(state(ServeConfig::default())).await;
     let _engine = generating().await;
     let response = reqwest::Client::new()
         .post(format!("http://{addr}/v1/responses"))
@@ -328,7 +326,7 @@ async fn previous_response_id_chains_and_stays_with_its_key() {
 #[tokio::test]
 async fn replicas_sharing_redis_read_each_other_s_responses() {
     let replica = || {
-        support::serve(state(ServeConfig {
+        testkit::serve(state(ServeConfig {
             redis: Some(REDIS.into()),
             ..ServeConfig::default()
         }))

@@ -6,8 +6,6 @@
 //! else, then asks for the fact: with greedy decoding the model answers with the name only when
 //! the first turn is in its prompt (a fresh conversation asking the same does not).
 
-mod support;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,7 +17,7 @@ use gateway::state::{HistoryLimit, MemoryStore, RedisStore, StateStore};
 use gateway::AppState;
 use serde_json::{json, Value};
 
-use support::{engine, generating, MODEL_ID};
+use testkit::{engine, generating, MODEL_ID};
 
 /// The Redis `make test` starts (scripts/services.sh).
 const REDIS: &str = "redis://127.0.0.1:6379";
@@ -35,7 +33,7 @@ const RECALLED: &str = "Rex";
 /// A real server on an ephemeral port with `config`, stopped when the test's runtime ends.
 async fn server(config: ServeConfig) -> SocketAddr {
     config.validate().expect("a valid test config");
-    support::serve(AppState::configured(engine().clone(), &config)).await
+    testkit::serve(AppState::configured(engine().clone(), &config)).await
 }
 
 /// A session id no earlier run left a history under.

@@ -2,8 +2,6 @@
 //! with `oneshot`: the default swarm file's agents, both strategies, the error envelopes, and a
 //! server started without a swarm.
 
-mod support;
-
 use std::sync::{Arc, LazyLock};
 
 use axum::body::Body;
@@ -14,7 +12,7 @@ use gateway::Swarm;
 use gateway::{app, AppState};
 use router::SwarmConfig;
 use serde_json::{json, Value};
-use support::{engine, root};
+use testkit::{engine, root};
 use tower::ServiceExt;
 
 const AGENTS: [&str; 6] = ["analyst", "coder", "general", "math", "support", "writer"];

@@ -7,8 +7,6 @@
 //! JSON answers (retrying once), `analyst` has a budget small enough to run out, and `coder`
 //! has a default tool.
 
-mod support;
-
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock};
 
@@ -20,7 +18,7 @@ use gateway::Swarm;
 use gateway::{app, AppState};
 use router::{OnFailure, SwarmConfig, VerifierChecks, VerifierPolicy};
 use serde_json::{json, Value};
-use support::{engine, generating, root, wait_until_idle};
+use testkit::{engine, generating, root, wait_until_idle};
 use tower::ServiceExt;
 
 /// `analyst`'s tokens per minute here: room for one short request, not two.

@@ -2,8 +2,6 @@
 //! measures relevance), driven in process through `app()` with `oneshot`: obvious good and bad
 //! answers, what each check reports, and the error envelopes of bad requests.
 
-mod support;
-
 use std::sync::LazyLock;
 
 use axum::body::Body;
@@ -13,7 +11,7 @@ use gateway::config::{ServeConfig, DEFAULT_MAX_BODY_BYTES};
 use gateway::Embeddings;
 use gateway::{app, AppState};
 use serde_json::{json, Value};
-use support::{engine, models};
+use testkit::{engine, models};
 use tower::ServiceExt;
 
 fn embeddings() -> Embeddings {
@@ -144,7 +142,7 @@ async fn bad_requests_get_the_error_envelope() {
 async fn the_judge_scores_from_log_probabilities_deterministically() {
     let state = state();
     let verifier = state.verifier();
-    let engine = support::engine();
+    let engine = testkit::engine();
     let right = verifier
         .judge(engine, QUESTION, "The capital of France is Paris.")
         .await
@@ -179,7 +177,7 @@ async fn a_judge_past_the_first_token_deadline_is_a_504() {
     // Without the embedding model the relevance check is skipped: the judge is the first step
     // that waits.
     let state = AppState::configured(engine().clone(), &config);
-    let (status, body) = support::api::call(
+    let (status, body) = testkit::api::call(
         &state,
         Method::POST,
         "/v1/swarm/verify",

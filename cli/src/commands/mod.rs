@@ -1,16 +1,43 @@
-//! Command-line tools built into the binary, and what several of them share: the progress bar,
-//! the [`stats`] they report, and one set of chat turns.
+//! The binary's subcommands, one module each: the servers ([`serve`], [`gateway`], [`worker`])
+//! and the tools. What several of them share lives here: the servers' settings as the command
+//! line and the configuration file give them, their tokio runtime, the tools' progress bar, the
+//! [`stats`] they report, and one set of chat turns.
 
 pub mod bench;
 pub mod eval;
+pub mod gateway;
 pub mod generate;
 pub mod loadgen;
 pub mod openapi;
 pub mod plan;
+pub mod serve;
 pub mod stats;
+pub mod worker;
 
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
+
+/// The server's settings of `subcommand`, re-read from the matches: which settings were given
+/// decides what the configuration file may set.
+pub fn server_config(
+    matches: &clap::ArgMatches,
+    subcommand: &str,
+) -> Result<::gateway::ServeConfig> {
+    let matches = matches
+        .subcommand_matches(subcommand)
+        .expect("the subcommand was parsed");
+    ::gateway::ServeConfig::load(matches).map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))
+}
+
+/// The servers' runtime. The HTTP and NATS side is light; most cores belong to the engine's
+/// compute threads.
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("swarmgate-io")
+        .enable_all()
+        .build()?)
+}
 
 /// Varied, short chat turns: what the in-process benchmark and the HTTP load generator send,
 /// so that their figures compare.

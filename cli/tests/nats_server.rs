@@ -82,7 +82,7 @@ async fn chat(gateway: &Process) -> String {
         .post(gateway.url("/v1/chat/completions"))
         .json(&json!({
             "model": "default",
-            "messages": [{"role": "user", "content": support::QUESTION}],
+            "messages": [{"role": "user", "content": testkit::QUESTION}],
             "max_tokens": 4,
             "temperature": 0,
         }))
@@ -102,7 +102,7 @@ async fn the_compose_roles_serve_a_swarm_and_only_workers_write_heartbeats() {
     let dir = std::env::temp_dir().join(format!("swarmgate-roles-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap();
     let server = NatsServer::start_with_file(
-        &support::root().join("docker/nats.conf"),
+        &testkit::root().join("docker/nats.conf"),
         dir,
         &[
             ("NATS_GATEWAY_PASSWORD", GATEWAY_PASSWORD),
@@ -175,7 +175,7 @@ async fn the_compose_roles_serve_a_swarm_and_only_workers_write_heartbeats() {
     violation(&mut errors, "$KV.swarm_workers.w1").await;
     let beat: Heartbeat =
         protocol::decode(&store.get("w1").await.unwrap().expect("w1's beat")).expect("a heartbeat");
-    assert_eq!(beat.model, support::MODEL_ID, "the worker's own heartbeat");
+    assert_eq!(beat.model, testkit::MODEL_ID, "the worker's own heartbeat");
     let _stolen = as_gateway.subscribe(subjects.any()).await.unwrap();
     violation(&mut errors, &subjects.any()).await;
 

@@ -18,7 +18,7 @@ use clap::Args;
 use engine::{EmbedderConfig, EngineConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::tools::stats::percentile;
+use crate::commands::stats::percentile;
 
 use gateway::api::swarm::RouteResponse;
 use gateway::Embeddings;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::cluster::free_port;
+use testkit::cluster::free_port;
 
 pub struct NatsServer {
     child: Option<Child>,

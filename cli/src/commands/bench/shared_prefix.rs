@@ -30,7 +30,7 @@ use serde::Serialize;
 
 use self::agents::{AgentScript, AGENTS};
 use super::{closed_loop, stream_request, ttft_p50_p95, wait_until_idle, BenchArgs, Outcome};
-use crate::tools::progress_bar;
+use crate::commands::progress_bar;
 
 const SCENARIO: &str = "shared-prefix";
 const DEFAULT_CONCURRENCY: usize = 4;

@@ -18,10 +18,10 @@ use gateway::{AppState, ServeConfig};
 use protocol::{self, Heartbeat, Subjects};
 use router::SwarmConfig;
 use serde_json::{json, Value};
-use support::api::call;
 use support::cluster::{self, cluster, NATS_URL};
 use support::postgres::TestDatabase;
-use support::{engine, root};
+use testkit::api::call;
+use testkit::{engine, root};
 
 const USER_KEY: &str = "sk-user";
 const ADMIN_KEY: &str = "sk-admin";

@@ -36,7 +36,7 @@ use tokio::task::JoinSet;
 use self::client::Target;
 use self::report::{LevelReport, Report, Settings};
 use self::workload::{Scenario, Workload};
-use crate::tools::progress_bar;
+use crate::commands::progress_bar;
 
 const ENDPOINT: &str = "/v1/chat/completions";
 

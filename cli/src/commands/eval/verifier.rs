@@ -19,7 +19,7 @@ use clap::Args;
 use engine::{EmbedderConfig, EngineConfig, EngineHandle};
 use serde::{Deserialize, Serialize};
 
-use crate::tools::stats::percentile;
+use crate::commands::stats::percentile;
 
 #[derive(Args, Debug)]
 pub struct VerifierEvalArgs {

@@ -24,8 +24,8 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use super::{closed_loop, stream_request, ttft_p50_p95, wait_until_idle, BenchArgs, Outcome};
-use crate::tools::stats::{ms, percentile};
-use crate::tools::{progress_bar, CHAT_QUESTIONS};
+use crate::commands::stats::{ms, percentile};
+use crate::commands::{progress_bar, CHAT_QUESTIONS};
 
 const DEFAULT_LEVELS: [usize; 4] = [1, 4, 16, 32];
 const DEFAULT_MAX_TOKENS: usize = 128;

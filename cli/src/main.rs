@@ -1,4 +1,6 @@
-//! `swarmgate`: the server and its tools.
+//! `swarmgate`, Swarmgate's one binary: the servers and the command-line tools, each a subcommand
+//! whose code is in [`commands`]. This file holds the command line, the logging and allocator
+//! set-up, and the dispatch; nothing else.
 //!
 //! - `swarmgate serve` serves the OpenAI-compatible API, and the same chat over gRPC, on the
 //!   engine, in one process.
@@ -13,8 +15,12 @@
 //! - `swarmgate openapi` prints the HTTP API's OpenAPI document.
 //! - `swarmgate loadgen` loads an OpenAI-compatible server on this machine over HTTP and reports
 //!   throughput and latency per concurrency level, as JSON and a chart.
+//!
+//! This crate depends on `gateway`, `engine` and `router`, and nothing depends on it: what only
+//! the binary and its tools need (the HTTP client, charts, progress bars, the log subscriber)
+//! is a dependency of this crate alone, and the libraries stay free of it.
 
-mod tools;
+mod commands;
 
 /// One malloc arena per core, before any thread starts, unless `MALLOC_ARENA_MAX` says
 /// otherwise. glibc's default of eight per core lets a server's memory keep growing under
@@ -31,9 +37,7 @@ fn limit_malloc_arenas() {
     }
 }
 
-use std::sync::Arc;
-
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
@@ -54,23 +58,23 @@ enum Command {
     /// Serve the OpenAI-compatible API on the local engine.
     Serve(gateway::ServeConfig),
     /// Serve the API with the engines in worker processes, reached over NATS.
-    Gateway(GatewayCommand),
+    Gateway(commands::gateway::GatewayCommand),
     /// Run an engine for gateways, taking their requests over NATS.
     Worker(gateway::worker::WorkerConfig),
     /// Answer one prompt and print the answer as it is generated.
-    Generate(tools::generate::GenerateArgs),
+    Generate(commands::generate::GenerateArgs),
     /// Benchmark the engine in process: a concurrency sweep, or prefix caching on and off.
-    Bench(tools::bench::BenchArgs),
+    Bench(commands::bench::BenchArgs),
     /// Place a swarm's agents and models on devices within their memory budgets.
-    Plan(tools::plan::PlanArgs),
+    Plan(commands::plan::PlanArgs),
     /// Print the HTTP API's OpenAPI document (`--write openapi/openapi.json` updates the
     /// committed copy).
-    Openapi(tools::openapi::OpenApiArgs),
+    Openapi(commands::openapi::OpenApiArgs),
     /// Measure a swarm decision against labelled data (`eval routing FILE`, `eval verifier FILE`).
-    Eval(tools::eval::EvalArgs),
+    Eval(commands::eval::EvalArgs),
     /// Load a chat completions server on this machine at several concurrency levels: latency,
     /// throughput, errors; a JSON report and a PNG chart.
-    Loadgen(tools::loadgen::LoadgenArgs),
+    Loadgen(commands::loadgen::LoadgenArgs),
 }
 
 fn main() -> Result<()> {
@@ -85,71 +89,16 @@ fn main() -> Result<()> {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
-        Command::Serve(_) => serve(server_config(&matches, "serve")?),
-        Command::Gateway(command) => run_gateway(server_config(&matches, "gateway")?, command.nats),
-        Command::Worker(config) => run_worker(config),
-        Command::Generate(args) => tools::generate::run(args),
-        Command::Bench(args) => tools::bench::run(args),
-        Command::Plan(args) => tools::plan::run(args),
-        Command::Openapi(args) => tools::openapi::run(args),
-        Command::Eval(args) => tools::eval::run(args),
-        Command::Loadgen(args) => tools::loadgen::run(args),
+        Command::Serve(_) => commands::serve::run(commands::server_config(&matches, "serve")?),
+        Command::Gateway(command) => {
+            commands::gateway::run(commands::server_config(&matches, "gateway")?, command)
+        }
+        Command::Worker(config) => commands::worker::run(config),
+        Command::Generate(args) => commands::generate::run(args),
+        Command::Bench(args) => commands::bench::run(args),
+        Command::Plan(args) => commands::plan::run(args),
+        Command::Openapi(args) => commands::openapi::run(args),
+        Command::Eval(args) => commands::eval::run(args),
+        Command::Loadgen(args) => commands::loadgen::run(args),
     }
-}
-
-/// The server's settings of `subcommand`, re-read from the matches: which settings were given
-/// decides what the configuration file may set.
-fn server_config(matches: &clap::ArgMatches, subcommand: &str) -> Result<gateway::ServeConfig> {
-    let matches = matches
-        .subcommand_matches(subcommand)
-        .expect("the subcommand was parsed");
-    gateway::ServeConfig::load(matches).map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))
-}
-
-/// `swarmgate gateway`'s own settings; the server's are [`gateway::ServeConfig`]'s.
-#[derive(clap::Args)]
-struct GatewayCommand {
-    #[command(flatten)]
-    serve: gateway::ServeConfig,
-    #[command(flatten)]
-    nats: gateway::transport::nats::GatewayArgs,
-}
-
-fn serve(config: gateway::ServeConfig) -> Result<()> {
-    // Load the model before taking requests: a server that listens is a server that answers.
-    let engine = engine::EngineHandle::start(&config.engine)?;
-    let transport = Arc::new(gateway::transport::Local::new(engine));
-    runtime()?.block_on(gateway::serve(config, transport))
-}
-
-fn run_gateway(
-    config: gateway::ServeConfig,
-    nats: gateway::transport::nats::GatewayArgs,
-) -> Result<()> {
-    let settings = nats.settings()?;
-    // The tokenizer and the chat template only: the weights are the workers'.
-    let model = engine::ModelInfo::load(&config.engine.model)?;
-    runtime()?.block_on(async {
-        let client = nats.nats.connect("swarmgate-gateway").await?;
-        let transport = gateway::transport::Nats::connect(client, model, settings)
-            .await
-            .context("cannot open the workers' registry (is JetStream on?)")?;
-        gateway::serve(config, Arc::new(transport)).await
-    })
-}
-
-fn run_worker(config: gateway::worker::WorkerConfig) -> Result<()> {
-    // Settings that cannot connect fail before the model loads.
-    config.nats.validate()?;
-    let engine = engine::EngineHandle::start(&config.engine)?;
-    runtime()?.block_on(gateway::worker::run(config, engine))
-}
-
-/// The HTTP and NATS side is light; most cores belong to the engine's compute threads.
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("swarmgate-io")
-        .enable_all()
-        .build()?)
 }

@@ -16,7 +16,7 @@ use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
 use super::report::{LevelReport, Report};
-use crate::tools::stats::Summary;
+use crate::commands::stats::Summary;
 
 /// Where common systems keep a plain sans-serif font (Debian's and Ubuntu's fonts-dejavu-core
 /// first).
@@ -202,8 +202,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::tools::loadgen::client::Sample;
-    use crate::tools::loadgen::report::Settings;
+    use crate::commands::loadgen::client::Sample;
+    use crate::commands::loadgen::report::Settings;
 
     fn level(concurrency: usize, ttft_ms: u64) -> LevelReport {
         let sample = Sample {

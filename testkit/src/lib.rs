@@ -1,7 +1,11 @@
-//! What the end-to-end test files share: the one engine a test binary runs on the real model,
-//! the lock that gives each generating test that engine to itself, and the checks that a
-//! cancelled request freed it. Each test file uses the part it needs.
-#![allow(dead_code)]
+//! What the end-to-end tests of `gateway` and `cli` share: the one engine a test binary runs on
+//! the real model, the lock that gives each generating test that engine to itself, the checks
+//! that a cancelled request freed it, a real server on an ephemeral port, one request through
+//! `app()` ([`api`]), and the names and ports of a test's cluster ([`cluster`]). Each test file
+//! uses the part it needs.
+//!
+//! Only tests depend on this crate; it is never published. What needs the `swarmgate` binary
+//! stays in `cli/tests/support`, since only the crate that owns a binary can find it.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -12,9 +16,6 @@ use engine::{EngineConfig, EngineHandle};
 
 pub mod api;
 pub mod cluster;
-pub mod jwt;
-pub mod nats;
-pub mod postgres;
 
 pub const MODEL_ID: &str = "SmolLM2-135M-Instruct.Q4_1";
 pub const QUESTION: &str = "What is the capital of France? Answer in one sentence.";

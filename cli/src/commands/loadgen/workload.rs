@@ -7,7 +7,7 @@
 use clap::ValueEnum;
 use serde_json::json;
 
-use crate::tools::CHAT_QUESTIONS;
+use crate::commands::CHAT_QUESTIONS;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {

@@ -400,7 +400,7 @@ async fn fake_worker(
     let beat = protocol::Heartbeat {
         v: VERSION,
         worker: id.into(),
-        model: support::MODEL_ID.into(),
+        model: testkit::MODEL_ID.into(),
         agents: vec![],
         running: 0,
         waiting: 0,
@@ -457,7 +457,7 @@ async fn gateway_transport(subjects: &Subjects) -> gateway::transport::Nats {
     use gateway::transport::{nats::Settings, Nats, Transport};
 
     let model =
-        engine::ModelInfo::load(&support::models().join(format!("{}.gguf", support::MODEL_ID)))
+        engine::ModelInfo::load(&testkit::models().join(format!("{}.gguf", testkit::MODEL_ID)))
             .unwrap();
     let settings = Settings {
         subjects: subjects.clone(),

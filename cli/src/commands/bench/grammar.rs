@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::BenchArgs;
-use crate::tools::stats::{ms, percentile};
+use crate::commands::stats::{ms, percentile};
 
 #[derive(Debug, Serialize)]
 struct Report {

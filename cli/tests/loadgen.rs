@@ -3,19 +3,17 @@
 //! against a port nobody listens on and a server that never answers, it counts the failures by
 //! kind instead.
 
-mod support;
-
 use std::path::PathBuf;
 use std::process::Command;
 
 use gateway::config::DEFAULT_MAX_BODY_BYTES;
 use gateway::AppState;
 use serde_json::Value;
-use support::{engine, generating};
+use testkit::{engine, generating};
 
 /// A real server on an ephemeral port, stopped when the test's runtime ends.
 async fn server() -> String {
-    let addr = support::serve(AppState::new(engine().clone(), DEFAULT_MAX_BODY_BYTES)).await;
+    let addr = testkit::serve(AppState::new(engine().clone(), DEFAULT_MAX_BODY_BYTES)).await;
     format!("http://{addr}")
 }
 

@@ -1,33 +1,16 @@
 //! Gateways and workers as real processes of the `swarmgate` binary, joined by the machine's
 //! NATS server (`make test` starts one when none runs), or by a test's own
-//! ([`super::nats::NatsServer`]). Each test names its own cluster, so tests running side by
-//! side, or other swarms on the same server, never see each other's workers.
+//! ([`super::nats::NatsServer`]). Each test names its own cluster ([`testkit::cluster`]), so
+//! tests running side by side, or other swarms on the same server, never see each other's
+//! workers.
 
 use std::fs::File;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{models, root, MODEL_ID};
-
-pub const NATS_URL: &str = "nats://127.0.0.1:4222";
-
-/// A cluster name of its own for one test.
-pub fn cluster(test: &str) -> String {
-    format!(
-        "t{}-{test}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    )
-}
-
-/// A port nothing listens on now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
+pub use testkit::cluster::{cluster, free_port, NATS_URL};
+use testkit::{models, root, MODEL_ID};
 
 /// A running `swarmgate` process; killed when dropped.
 pub struct Process {

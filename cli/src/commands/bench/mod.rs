@@ -25,7 +25,7 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use engine::{EngineConfig, EngineHandle, Event, GenerateRequest, Usage};
 
-use crate::tools::stats::{ms, percentile};
+use crate::commands::stats::{ms, percentile};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {

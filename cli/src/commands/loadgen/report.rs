@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::client::{Failure, Sample};
-use crate::tools::stats::{ms, Summary};
+use crate::commands::stats::{ms, Summary};
 
 /// The whole run: what was asked, and each level's figures.
 #[derive(Debug, Serialize)]

@@ -13,8 +13,8 @@ use engine::{ChatMessage, EngineHandle, Event, GenerateRequest, Prompt, Sampling
 use serde::Serialize;
 
 use super::BenchArgs;
-use crate::tools::progress_bar;
-use crate::tools::stats::{ms, percentile};
+use crate::commands::progress_bar;
+use crate::commands::stats::{ms, percentile};
 
 const QUESTION: &str = "Say hello.";
 

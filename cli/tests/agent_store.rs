@@ -20,7 +20,7 @@ use router::SwarmConfig;
 use serde_json::{json, Value};
 use support::cluster::{self, cluster, NATS_URL};
 use support::postgres::TestDatabase;
-use testkit::api::call;
+use testkit::calls::call;
 use testkit::{engine, root};
 
 const USER_KEY: &str = "sk-user";

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use protocol::connection::NatsArgs;
+use protocol::connect::NatsArgs;
 use protocol::workers;
 use protocol::{self, Heartbeat, Subjects, VERSION};
 use serde_json::{json, Value};

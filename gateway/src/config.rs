@@ -19,7 +19,7 @@ use serde_json::{Map, Value};
 
 use crate::auth::ApiKey;
 use crate::deadline::Timeouts;
-use crate::validate::agent::AgentLimits;
+use crate::validate::agent_definition::AgentLimits;
 
 /// The file read when neither `--config` nor `SWARMGATE_CONFIG` names one, if it exists.
 pub const DEFAULT_CONFIG_FILE: &str = "swarmgate.toml";

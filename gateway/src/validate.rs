@@ -28,7 +28,7 @@
 //! Chat contents are tokenized with control tokens taken from the chat template only
 //! ([`engine::ModelInfo::encode_chat`]): `<|im_start|>system` typed in any message stays text.
 
-pub mod agent;
+pub mod agent_definition;
 pub mod completion;
 pub mod embeddings;
 pub mod structured;

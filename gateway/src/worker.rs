@@ -34,7 +34,7 @@ use axum::{Json, Router};
 use engine::{EngineConfig, EngineError, EngineHandle, Event};
 use futures::stream::SelectAll;
 use futures::StreamExt as _;
-use protocol::connection::NatsArgs;
+use protocol::connect::NatsArgs;
 use protocol::workers;
 use protocol::{
     self, Batch, Cancel, Heartbeat, RefusalCode, Reply, Subjects, Submit, FLUSH_INTERVAL,

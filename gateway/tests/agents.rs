@@ -14,7 +14,7 @@ use gateway::Swarm;
 use gateway::{AppState, ServeConfig};
 use router::SwarmConfig;
 use serde_json::{json, Value};
-use testkit::api::call;
+use testkit::calls::call;
 use testkit::{models, root, MODEL_ID};
 
 const USER_KEY: &str = "sk-user";

@@ -19,7 +19,7 @@ use gateway::AppState;
 use protocol::workers;
 use protocol::Subjects;
 use serde_json::json;
-use testkit::api::call;
+use testkit::calls::call;
 use testkit::cluster::{cluster, free_port, NATS_URL};
 use testkit::{models, MODEL_ID};
 

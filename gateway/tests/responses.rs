@@ -8,7 +8,7 @@ use axum::http::{Method, StatusCode};
 use gateway::config::ServeConfig;
 use gateway::AppState;
 use serde_json::{json, Value};
-use testkit::api::call;
+use testkit::calls::call;
 use testkit::{engine, generating, MODEL_ID, QUESTION};
 
 /// The Redis `make test` starts (scripts/services.sh).

@@ -177,7 +177,7 @@ async fn a_judge_past_the_first_token_deadline_is_a_504() {
     // Without the embedding model the relevance check is skipped: the judge is the first step
     // that waits.
     let state = AppState::configured(engine().clone(), &config);
-    let (status, body) = testkit::api::call(
+    let (status, body) = testkit::calls::call(
         &state,
         Method::POST,
         "/v1/swarm/verify",

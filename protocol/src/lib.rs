@@ -2,7 +2,7 @@
 //! Both sides use this crate and nothing of each other; it uses the engine's request and event
 //! types only.
 //!
-//! - [`connection`]: how both sides join NATS (server, cluster, credentials, TLS).
+//! - [`connect`]: how both sides join NATS (server, cluster, credentials, TLS).
 //! - [`workers`]: the workers' registry, a JetStream key-value bucket of heartbeats, and the
 //!   gateway's live view of it.
 //! - This module: the wire format, version [`VERSION`].
@@ -32,7 +32,7 @@
 //! and then the whole shape; subjects and names a message carries are checked too, so a worker
 //! never publishes where a malformed message tells it to.
 
-pub mod connection;
+pub mod connect;
 pub mod workers;
 
 use std::time::Duration;

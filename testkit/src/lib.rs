@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use engine::{EngineConfig, EngineHandle};
 
-pub mod api;
+pub mod calls;
 pub mod cluster;
 
 pub const MODEL_ID: &str = "SmolLM2-135M-Instruct.Q4_1";

@@ -25,7 +25,7 @@ use crate::error::{AdminErrors, ApiError};
 use crate::http::json::ApiJson;
 use crate::service::swarm::{Swarm, SWARM_MODEL};
 use crate::service::AppState;
-use crate::validate::agent::validate_agent;
+use crate::validate::agent_definition::validate_agent;
 
 /// Lists the swarm's agents: definitions for an admin key, else names and descriptions.
 #[utoipa::path(get, path = "/v1/agents", tag = "swarm",

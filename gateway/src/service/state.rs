@@ -20,7 +20,7 @@ use crate::service::swarm::Swarm;
 use crate::session::Sessions;
 use crate::state;
 use crate::transport::{IntoTransport, Transport};
-use crate::validate::agent::AgentLimits;
+use crate::validate::agent_definition::AgentLimits;
 use crate::validate::structured::StructuredLimits;
 
 /// What every handler shares. Cloning is a few reference-count increments.

@@ -29,7 +29,7 @@ use engine::{
 };
 use futures::future::BoxFuture;
 use futures::StreamExt as _;
-use protocol::connection::NatsArgs;
+use protocol::connect::NatsArgs;
 use protocol::workers::{self, Lease, Workers};
 use protocol::{Batch, Cancel, Reply, Subjects, Submit, VERSION};
 use tokio::sync::mpsc::error::TrySendError;

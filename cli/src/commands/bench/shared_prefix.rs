@@ -16,7 +16,7 @@
 //! are not), prompt tokens served from the prefix cache, prefix hits copied back from the host
 //! tier (tokens), and blocks swapped out to the host tier and back by preemption.
 
-mod agents;
+mod roles;
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -28,7 +28,7 @@ use engine::{
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use self::agents::{AgentScript, AGENTS};
+use self::roles::{AgentScript, AGENTS};
 use super::{closed_loop, stream_request, ttft_p50_p95, wait_until_idle, BenchArgs, Outcome};
 use crate::commands::progress_bar;
 

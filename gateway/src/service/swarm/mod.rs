@@ -27,7 +27,7 @@ use crate::agent_store::{AgentStore, AgentStoreError};
 use crate::api::swarm::RouteResponse;
 use crate::error::ApiError;
 use crate::transport::IntoTransport;
-use crate::validate::agent::ValidAgent;
+use crate::validate::agent_definition::ValidAgent;
 
 /// The model name that asks the swarm to choose the agent.
 pub const SWARM_MODEL: &str = "swarm";

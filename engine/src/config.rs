@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use crate::DeviceSpec;
+
 /// Engine settings. Every flag also reads a `SWARMGATE_*` environment variable.
 #[derive(Clone, Debug, clap::Args, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -14,6 +16,9 @@ pub struct EngineConfig {
         default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
     )]
     pub model: PathBuf,
+    /// Where the model runs: `cpu`, or `cuda:N` (a build with the `cuda` feature).
+    #[arg(long, env = "SWARMGATE_DEVICE", default_value = "cpu")]
+    pub device: DeviceSpec,
     /// Memory for the device tier of the KV cache, in MiB; the block pool is preallocated from it,
     /// resident from start-up.
     #[arg(long, env = "SWARMGATE_KV_CACHE_MB", default_value_t = 1024)]
@@ -57,6 +62,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             model: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            device: DeviceSpec::Cpu,
             kv_cache_mb: 1024,
             device_kv_blocks: None,
             host_kv_cache_mb: 2048,

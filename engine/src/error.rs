@@ -8,6 +8,9 @@ pub enum EngineError {
     /// The model file is missing, unreadable, or not a supported architecture.
     #[error("model: {0}")]
     Model(String),
+    /// The device the configuration names cannot be used (no such GPU, a build without it).
+    #[error("device {0}")]
+    Device(String),
     /// A tensor operation failed inside candle.
     #[error("tensor: {0}")]
     Tensor(#[from] candle_core::Error),

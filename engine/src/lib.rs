@@ -24,6 +24,7 @@
 
 pub mod config;
 pub mod constraint;
+pub mod device;
 pub mod embed;
 mod engine_loop;
 pub mod error;
@@ -48,6 +49,7 @@ use tokenizers::Tokenizer;
 use tokio::sync::mpsc::Receiver;
 
 pub use config::EngineConfig;
+pub use device::DeviceSpec;
 pub use embed::{Embedder, EmbedderConfig, Embedding};
 pub use engine_loop::{EngineStats, KvSnapshot};
 pub use error::{EngineError, Result};
@@ -218,6 +220,13 @@ impl EngineHandle {
     /// Loads the model and starts the engine thread. Blocking: it reads the whole model.
     pub fn start(config: &EngineConfig) -> Result<Self> {
         config.validate().map_err(EngineError::InvalidRequest)?;
+        let device = config.device.open()?;
+        if !device.is_cpu() {
+            return Err(EngineError::Device(format!(
+                "{}: the generative forward runs on the CPU only so far",
+                config.device
+            )));
+        }
         let mut gguf = Gguf::open(&config.model)?;
         let llama = Llama::load(&mut gguf)?;
         let layout = llama.config().kv_layout(config.block_size);

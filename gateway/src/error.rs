@@ -335,6 +335,7 @@ impl From<EngineError> for ApiError {
             EngineError::Overloaded(message) => Self::Overloaded(message),
             EngineError::Stopped => Self::Unavailable,
             other @ (EngineError::Model(_)
+            | EngineError::Device(_)
             | EngineError::Tensor(_)
             | EngineError::Tokenizer(_)
             | EngineError::ChatTemplate(_)) => Self::Internal(other.to_string()),

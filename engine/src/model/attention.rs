@@ -9,10 +9,17 @@
 //!
 //! Grouped-query attention: the query heads sharing a KV head are processed together, so each
 //! key and value vector is read once per group. Work is split across threads by token.
+//!
+//! [`paged_attention_ops`] is the same attention built from candle operations (gather the
+//! sequence's blocks, one batched matmul per sequence, a causal mask, softmax, a second matmul)
+//! over a cache held as tensors, so it runs on any device candle supports; it is the reference
+//! a device kernel is checked against, and the tests check it against the loop above.
 
+use candle_core::{Tensor, D};
 use rayon::prelude::*;
 
 use crate::kv_cache::{BlockId, KvStorage};
+use crate::Result;
 
 /// The tokens of one sequence inside a batch: rows `start..start + len` of the batch, at
 /// positions `pos0..pos0 + len`, with the sequence's block table.
@@ -89,6 +96,69 @@ pub fn paged_attention(
         });
 }
 
+/// [`paged_attention`] from candle operations: `q` is `[tokens, n_heads * head_dim]`; `keys` and
+/// `values` are one layer of the cache, `[num_blocks, n_kv_heads, block_size, head_dim]`, with
+/// the current tokens' keys and values already in place. Returns `[tokens, n_heads * head_dim]`,
+/// on `q`'s device. `seqs` must cover the batch's rows in order.
+pub fn paged_attention_ops(
+    q: &Tensor,
+    keys: &Tensor,
+    values: &Tensor,
+    seqs: &[SeqSlice],
+    n_heads: usize,
+) -> Result<Tensor> {
+    let (_, n_kv_heads, block_size, hd) = keys.dims4()?;
+    let group = n_heads / n_kv_heads;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let device = q.device();
+    let mut out = Vec::with_capacity(seqs.len());
+    for seq in seqs {
+        let ctx = seq.pos0 + seq.len;
+        let used = ctx.div_ceil(block_size);
+        let ids: Vec<u32> = seq.blocks[..used]
+            .iter()
+            .map(|b| b.index() as u32)
+            .collect();
+        let ids = Tensor::new(ids.as_slice(), device)?;
+        // [used, kv heads, block, hd] -> [kv heads, used * block, hd], the first `ctx` positions.
+        let gather = |cache: &Tensor| -> Result<Tensor> {
+            Ok(cache
+                .index_select(&ids, 0)?
+                .transpose(0, 1)?
+                .contiguous()?
+                .reshape((n_kv_heads, used * block_size, hd))?
+                .narrow(1, 0, ctx)?)
+        };
+        let (k, v) = (gather(keys)?, gather(values)?);
+        // The sequence's query rows, grouped by the KV head they read: [kv heads, group * len, hd].
+        let rows = group * seq.len;
+        let q = q
+            .narrow(0, seq.start, seq.len)?
+            .reshape((seq.len, n_kv_heads, group, hd))?
+            .permute((1, 2, 0, 3))?
+            .contiguous()?
+            .reshape((n_kv_heads, rows, hd))?;
+        let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?;
+        // Row `r` is token `r % len`, at position `pos0 + r % len`: it sees keys up to there.
+        let mask: Vec<f32> = (0..rows)
+            .flat_map(|r| {
+                let last = seq.pos0 + r % seq.len;
+                (0..ctx).map(move |j| if j <= last { 0.0 } else { f32::NEG_INFINITY })
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (1, rows, ctx), device)?;
+        let p = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
+        out.push(
+            p.matmul(&v)?
+                .reshape((n_kv_heads, group, seq.len, hd))?
+                .permute((2, 0, 1, 3))?
+                .contiguous()?
+                .reshape((seq.len, n_heads * hd))?,
+        );
+    }
+    Ok(Tensor::cat(&out, D::Minus2)?)
+}
+
 const LANES: usize = 16;
 
 /// Dot product with a fixed summation order (16 partial sums, then a fixed tree).
@@ -129,6 +199,8 @@ fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
+    use candle_core::Device;
+
     use super::*;
     use crate::kv_cache::KvLayout;
 
@@ -189,5 +261,78 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The candle-ops attention agrees with the loop on a ragged batch: a prefill from position
+    /// 0, a decode step deep in its context, and a chunk in the middle, over scattered blocks.
+    #[test]
+    fn the_candle_ops_attention_matches_the_loop() {
+        let layout = KvLayout {
+            num_layers: 1,
+            block_size: 4,
+            n_kv_heads: 2,
+            head_dim: 16,
+        };
+        let (n_heads, num_blocks) = (6, 16);
+        let mut kv = KvStorage::new(layout, num_blocks);
+        let val = |a: usize, b: usize| ((a * 37 + b * 11) % 29) as f32 / 29.0 - 0.5;
+        let width = layout.n_kv_heads * layout.head_dim;
+        for block in 0..num_blocks {
+            for slot in 0..layout.block_size {
+                let k: Vec<f32> = (0..width).map(|i| val(block * 5 + slot, i)).collect();
+                let v: Vec<f32> = (0..width).map(|i| val(block + slot * 3, i + 7)).collect();
+                kv.write(0, BlockId(block as u32), slot, &k, &v);
+            }
+        }
+        let ids = |list: &[u32]| list.iter().map(|&b| BlockId(b)).collect::<Vec<_>>();
+        let seqs = [
+            SeqSlice {
+                start: 0,
+                len: 7,
+                pos0: 0,
+                blocks: ids(&[9, 2]),
+            },
+            SeqSlice {
+                start: 7,
+                len: 1,
+                pos0: 21,
+                blocks: ids(&[3, 15, 0, 8, 11, 6]),
+            },
+            SeqSlice {
+                start: 8,
+                len: 5,
+                pos0: 6,
+                blocks: ids(&[14, 1, 12]),
+            },
+        ];
+        let tokens = 13;
+        let row = n_heads * layout.head_dim;
+        let q: Vec<f32> = (0..tokens * row).map(|i| val(i, 3)).collect();
+        let mut expected = vec![0f32; q.len()];
+        paged_attention(&q, &kv, 0, &seqs, n_heads, &mut expected);
+
+        let shape = (
+            num_blocks,
+            layout.n_kv_heads,
+            layout.block_size,
+            layout.head_dim,
+        );
+        let (keys, values) = kv.layer(0);
+        let keys = Tensor::from_slice(keys, shape, &Device::Cpu).unwrap();
+        let values = Tensor::from_slice(values, shape, &Device::Cpu).unwrap();
+        let q = Tensor::from_vec(q, (tokens, row), &Device::Cpu).unwrap();
+        let got = paged_attention_ops(&q, &keys, &values, &seqs, n_heads)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        assert_eq!(got.len(), expected.len());
+        let worst = got
+            .iter()
+            .zip(&expected)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-5, "largest difference {worst}");
     }
 }

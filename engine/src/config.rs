@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use crate::model::DeviceWeights;
 use crate::DeviceSpec;
 
 /// Engine settings. Every flag also reads a `SWARMGATE_*` environment variable.
@@ -23,6 +24,15 @@ pub struct EngineConfig {
     /// resident from start-up.
     #[arg(long, env = "SWARMGATE_KV_CACHE_MB", default_value_t = 1024)]
     pub kv_cache_mb: usize,
+    /// On a GPU, the form of the weights: `f32` (dequantized once at load: the CPU kernels'
+    /// products, 4 bytes a weight), `f16` (half of that, tensor-core GEMMs), or `quantized` (the
+    /// GGUF's blocks, candle's quantized kernels: the least memory).
+    #[arg(long, env = "SWARMGATE_GPU_WEIGHTS", value_enum, default_value_t = DeviceWeights::F32)]
+    pub gpu_weights: DeviceWeights,
+    /// On a GPU, the share of its memory this engine may hold (weights, activations and the KV
+    /// pool, which gets what remains), as vLLM's flag; overrides --kv-cache-mb there.
+    #[arg(long, env = "SWARMGATE_GPU_MEMORY_UTILIZATION")]
+    pub gpu_memory_utilization: Option<f64>,
     /// Size the device pool in blocks instead (overrides --kv-cache-mb); small values force
     /// the host tier into use.
     #[arg(long, env = "SWARMGATE_DEVICE_KV_BLOCKS")]
@@ -64,6 +74,8 @@ impl Default for EngineConfig {
             model: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
             device: DeviceSpec::Cpu,
             kv_cache_mb: 1024,
+            gpu_weights: DeviceWeights::F32,
+            gpu_memory_utilization: None,
             device_kv_blocks: None,
             host_kv_cache_mb: 2048,
             prefix_cache: true,
@@ -87,6 +99,16 @@ impl EngineConfig {
         }
         if self.threads == Some(0) {
             return Err("threads must be positive".into());
+        }
+        if let Some(share) = self.gpu_memory_utilization {
+            if !(share > 0.0 && share <= 1.0) {
+                return Err(format!(
+                    "gpu_memory_utilization must be in (0, 1], not {share}"
+                ));
+            }
+            if self.device == DeviceSpec::Cpu {
+                return Err("gpu_memory_utilization needs a GPU device (--device cuda:N)".into());
+            }
         }
         Ok(())
     }

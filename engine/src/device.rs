@@ -72,6 +72,20 @@ impl DeviceSpec {
     }
 }
 
+/// Free and total bytes of a GPU's memory; `None` for the CPU.
+pub fn memory(device: &Device) -> Result<Option<(usize, usize)>> {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(gpu) => gpu
+            .cuda_stream()
+            .context()
+            .mem_get_info()
+            .map(Some)
+            .map_err(|e| EngineError::Device(format!("reading the GPU's free memory: {e}"))),
+        _ => Ok(None),
+    }
+}
+
 #[cfg(feature = "cuda")]
 fn cuda(ordinal: usize) -> Result<Device> {
     Device::new_cuda(ordinal).map_err(|e| EngineError::Device(format!("cuda:{ordinal}: {e}")))

@@ -119,9 +119,34 @@ pub struct KvSnapshot {
     pub recomputes: u64,
 }
 
+/// What the engine holds in its device's memory (RAM for the CPU), in bytes.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceMemory {
+    pub weights: usize,
+    /// The device tier of the KV cache, allocated whole at start-up.
+    pub kv: usize,
+    /// The reserve for a step's transient tensors (an upper bound, not a measurement).
+    pub activations: usize,
+    /// The device, to ask for its free memory; `None` on the CPU.
+    pub gpu: Option<candle_core::Device>,
+}
+
+impl DeviceMemory {
+    /// The GPU's free memory now; `None` on the CPU, or if the driver does not answer.
+    pub fn free(&self) -> Option<usize> {
+        let gpu = self.gpu.as_ref()?;
+        crate::device::memory(gpu)
+            .ok()
+            .flatten()
+            .map(|(free, _)| free)
+    }
+}
+
 /// Live figures the engine publishes after every step.
 #[derive(Debug, Default)]
 pub struct EngineStats {
+    /// Fixed at start-up.
+    pub memory: DeviceMemory,
     pub running: AtomicUsize,
     pub waiting: AtomicUsize,
     pub steps: AtomicU64,
@@ -131,10 +156,20 @@ pub struct EngineStats {
     pub prefill_nanos: AtomicU64,
     pub decode_nanos: AtomicU64,
     pub preemptions: AtomicU64,
+    /// Blocks copied between the tiers (either way), and the time the copies took.
+    pub copied_blocks: AtomicU64,
+    pub copy_nanos: AtomicU64,
     kv: Mutex<KvSnapshot>,
 }
 
 impl EngineStats {
+    pub(crate) fn new(memory: DeviceMemory) -> Self {
+        Self {
+            memory,
+            ..Self::default()
+        }
+    }
+
     pub fn kv(&self) -> KvSnapshot {
         *self.kv.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -247,9 +282,19 @@ impl EngineLoop {
             let plan = self.scheduler.schedule();
             let kv = self.scheduler.kv();
             let copies = kv.take_copies();
-            if !copies.is_empty() {
-                self.storage.run_copies(&copies, &mut self.host);
+            let started = Instant::now();
+            if let Err(e) = self.storage.run_copies(&copies, &mut self.host) {
+                // Only a failing device gets here; what its blocks hold is in doubt, so the loop
+                // stops as after a panic.
+                tracing::error!(error = %e, "copying KV blocks between the tiers failed");
+                self.fail_all(&format!("the engine failed: {e}"));
+                return false;
             }
+            let s = &self.stats;
+            s.copied_blocks
+                .fetch_add(copies.len() as u64, Ordering::Relaxed);
+            s.copy_nanos
+                .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             kv.copies_done();
             // Published before the step's events, so that a client reading the figures after
             // its answer sees what its admission did (prefix hits, swaps).

@@ -51,7 +51,7 @@ use tokio::sync::mpsc::Receiver;
 pub use config::EngineConfig;
 pub use device::DeviceSpec;
 pub use embed::{Embedder, EmbedderConfig, Embedding};
-pub use engine_loop::{EngineStats, KvSnapshot};
+pub use engine_loop::{DeviceMemory, EngineStats, KvSnapshot};
 pub use error::{EngineError, Result};
 pub use model::chat_prompt::{ChatEncoder, ChatPrompt};
 pub use model::chat_template::{ChatMessage, ChatTemplate};
@@ -61,8 +61,8 @@ pub use request::{
 };
 
 use engine_loop::{Command, EngineLoop, LoopSetup, QueueSlot, Submission};
-use kv_cache::{HostStore, KvConfig, KvStorage};
-use model::{Gguf, Llama};
+use kv_cache::{HostStore, KvConfig};
+use model::{Backend, Gguf, Llama};
 use scheduler::SchedulerConfig;
 
 /// What callers need to know about the served model.
@@ -209,6 +209,59 @@ struct Shared {
     stats: Arc<EngineStats>,
 }
 
+/// Bytes kept free on a GPU beyond the estimates: cuBLAS workspaces, the allocator's slack.
+const GPU_HEADROOM: usize = 256 << 20;
+
+/// Bytes for the device tier of the KV cache: `--kv-cache-mb`, or on a GPU with
+/// `--gpu-memory-utilization` that share of its memory less what is in use already (the weights
+/// just loaded, other processes), the step's activations and a headroom.
+fn kv_budget(
+    config: &EngineConfig,
+    device: &candle_core::Device,
+    activations: usize,
+) -> Result<usize> {
+    let (Some(share), Some((free, total))) =
+        (config.gpu_memory_utilization, device::memory(device)?)
+    else {
+        return Ok(config.kv_cache_mb << 20);
+    };
+    let allowed = (share * total as f64) as usize;
+    let needed = (total - free) + activations + GPU_HEADROOM;
+    allowed.checked_sub(needed).ok_or_else(|| {
+        EngineError::Device(format!(
+            "{}: nothing is left for the KV cache: {share} of {} MiB allows {} MiB, and {} MiB are \
+             in use (the weights among them) with {} MiB more needed for activations",
+            config.device,
+            total >> 20,
+            allowed >> 20,
+            (total - free) >> 20,
+            (activations + GPU_HEADROOM) >> 20
+        ))
+    })
+}
+
+/// On a GPU, refuses a KV pool that, with the activations, would not fit in its free memory.
+fn fits_on_device(
+    spec: &DeviceSpec,
+    device: &candle_core::Device,
+    kv: usize,
+    activations: usize,
+) -> Result<()> {
+    let Some((free, _)) = device::memory(device)? else {
+        return Ok(());
+    };
+    if kv + activations + GPU_HEADROOM > free {
+        return Err(EngineError::Device(format!(
+            "{spec}: a KV cache of {} MiB and {} MiB for activations do not fit in the {} MiB free \
+             after loading the weights (lower --kv-cache-mb, or use --gpu-memory-utilization)",
+            kv >> 20,
+            (activations + GPU_HEADROOM) >> 20,
+            free >> 20
+        )));
+    }
+    Ok(())
+}
+
 /// Cloneable handle to a running engine. The engine stops when the last handle is dropped and
 /// its requests have finished.
 #[derive(Clone)]
@@ -220,19 +273,28 @@ impl EngineHandle {
     /// Loads the model and starts the engine thread. Blocking: it reads the whole model.
     pub fn start(config: &EngineConfig) -> Result<Self> {
         config.validate().map_err(EngineError::InvalidRequest)?;
-        let device = config.device.open()?;
-        if !device.is_cpu() {
-            return Err(EngineError::Device(format!(
-                "{}: the generative forward runs on the CPU only so far",
-                config.device
-            )));
-        }
+        let backend = match config.device.open()? {
+            candle_core::Device::Cpu => Backend::Kernels,
+            device => Backend::Tensors {
+                device,
+                weights: config.gpu_weights,
+            },
+        };
         let mut gguf = Gguf::open(&config.model)?;
-        let llama = Llama::load(&mut gguf)?;
+        let llama = Llama::load(&mut gguf, &backend)?;
         let layout = llama.config().kv_layout(config.block_size);
-        let num_blocks = config
-            .device_kv_blocks
-            .unwrap_or_else(|| layout.blocks_for_budget(config.kv_cache_mb << 20));
+        let device = backend.device();
+        let activations = llama.activation_bytes(config.max_step_tokens, config.max_running);
+        let num_blocks = match config.device_kv_blocks {
+            Some(blocks) => blocks,
+            None => kv_budget(config, &device, activations)? / layout.bytes_per_block(),
+        };
+        fits_on_device(
+            &config.device,
+            &device,
+            num_blocks * layout.bytes_per_block(),
+            activations,
+        )?;
         if num_blocks < 2 {
             return Err(EngineError::InvalidRequest(format!(
                 "the KV cache must hold at least 2 blocks of {} bytes",
@@ -242,6 +304,7 @@ impl EngineHandle {
         let host_slots = layout.blocks_for_budget(config.host_kv_cache_mb << 20);
         tracing::info!(
             model = %config.model.display(),
+            device = %config.device,
             num_blocks,
             host_slots,
             prefix_cache = config.prefix_cache,
@@ -249,7 +312,7 @@ impl EngineHandle {
             threads = config.threads(),
             "engine starting"
         );
-        let storage = KvStorage::new(layout, num_blocks);
+        let storage = llama.kv_storage(config.block_size, num_blocks)?;
         let host = HostStore::new(layout, host_slots);
         let model_info =
             ModelInfo::from_gguf(&gguf, &config.model, Some(num_blocks * config.block_size))?;
@@ -268,7 +331,12 @@ impl EngineHandle {
             block_size: config.block_size,
             watermark_blocks: (num_blocks / 100).max(1),
         };
-        let stats = Arc::new(EngineStats::default());
+        let stats = Arc::new(EngineStats::new(DeviceMemory {
+            weights: llama.weight_bytes(),
+            kv: num_blocks * layout.bytes_per_block(),
+            activations,
+            gpu: (!device.is_cpu()).then_some(device),
+        }));
         let (tx, rx) = std::sync::mpsc::channel();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(config.threads())

@@ -19,7 +19,7 @@ use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
 use engine::kv_cache::{BlockId, KvStorage};
 use engine::model::tokenizer::tokenizer_from_gguf;
-use engine::model::{ForwardBatch, Gguf, Llama, Logits};
+use engine::model::{Backend, DeviceWeights, ForwardBatch, Gguf, Llama, Logits};
 use engine::{ChatMessage, ChatTemplate, EngineHandle, GenerateRequest, SamplingParams};
 
 const TOLERANCE: f32 = 2e-3;
@@ -95,10 +95,10 @@ struct Ours {
 }
 
 impl Ours {
-    fn new() -> Self {
+    fn new(backend: Backend) -> Self {
         let mut g = Gguf::open(&model_path()).unwrap();
-        let model = Llama::load(&mut g).unwrap();
-        let kv = KvStorage::new(model.config().kv_layout(BLOCK), 64);
+        let model = Llama::load(&mut g, &backend).unwrap();
+        let kv = model.kv_storage(BLOCK, 64).unwrap();
         Self { model, kv }
     }
 
@@ -172,10 +172,29 @@ fn reference_step(r: &mut ModelWeights, tok: u32, pos: usize) -> Vec<f32> {
 
 #[test]
 fn logits_and_greedy_continuations_match_reference() {
+    check_against_reference(Backend::Kernels, 5, 32);
+}
+
+/// The device path with f32 weights (candle matmuls, the cache as tensors written by scatter,
+/// attention from candle operations and the decode kernel's CPU twin), run on the CPU: what a
+/// GPU runs, checked here to the same tolerance; the GPU's own products are checked on a GPU
+/// (`swarmgate device-check`, `scripts/gpu-check.sh`). Three prompts and 16 tokens: f32 GEMMs
+/// on two cores are slow.
+#[test]
+fn the_device_path_matches_reference() {
+    let backend = Backend::Tensors {
+        device: Device::Cpu,
+        weights: DeviceWeights::F32,
+    };
+    check_against_reference(backend, 3, 16);
+}
+
+/// The first `prompts` prompts' logits, and `greedy` tokens of greedy continuation.
+fn check_against_reference(backend: Backend, prompts: usize, greedy: usize) {
     let mut reference = reference();
-    let mut ours = Ours::new();
+    let mut ours = Ours::new(backend);
     let mut worst = 0f32;
-    for prompt in prompts() {
+    for prompt in self::prompts().into_iter().take(prompts) {
         reference.clear_kv_cache();
         let ours_logits = ours.all_logits(&prompt, 0);
         let mut logits = Vec::new();
@@ -193,15 +212,15 @@ fn logits_and_greedy_continuations_match_reference() {
                 prompt.len()
             );
         }
-        // Greedy continuation of 32 tokens on both sides.
+        // Greedy continuation on both sides.
         let mut expect = Vec::new();
-        for i in 0..32 {
+        for i in 0..greedy {
             let tok = argmax(&logits);
             expect.push(tok);
             logits = reference_step(&mut reference, tok, prompt.len() + i);
         }
         assert_eq!(
-            ours.greedy(&prompt, 32, 0),
+            ours.greedy(&prompt, greedy, 0),
             expect,
             "prompt len {}",
             prompt.len()
@@ -265,7 +284,7 @@ fn log_softmax_f64(logits: &[f32]) -> Vec<f32> {
 /// The same prompts in one ragged batch give bit-identical logits to each prompt alone.
 #[test]
 fn ragged_batch_equals_sequences_alone() {
-    let mut ours = Ours::new();
+    let mut ours = Ours::new(Backend::Kernels);
     let prompts = prompts();
     let alone: Vec<Vec<Vec<f32>>> = prompts.iter().map(|p| ours.all_logits(p, 0)).collect();
     let mut batch = ForwardBatch::default();

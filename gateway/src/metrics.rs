@@ -16,8 +16,9 @@
 //!   verdicts, retries, and prompt tokens with those served from the prefix cache (their ratio
 //!   is the agent's hit rate);
 //! - the engine's [`EngineStats`], read when `/metrics` is scraped: running and waiting
-//!   sequences and the KV cache's gauges and counters. Reading them takes the engine's stats
-//!   lock for a copy, never across an await.
+//!   sequences, the KV cache's gauges and counters, and the engine's device memory by part (with
+//!   a GPU's free memory). Reading them takes the engine's stats lock for a copy, never across
+//!   an await.
 //!
 //! Histogram samples pile up until rendered; [`Metrics::upkeep`] folds them in periodically so
 //! memory stays flat on a server nobody scrapes.
@@ -55,6 +56,11 @@ const AGENT_RETRIES: &str = "swarmgate_agent_retries_total";
 const AGENT_PROMPT_TOKENS: &str = "swarmgate_agent_prompt_tokens_total";
 const AGENT_CACHED_TOKENS: &str = "swarmgate_agent_cached_prompt_tokens_total";
 const WAITING: &str = "swarmgate_waiting_sequences";
+const DEVICE_MEMORY: &str = "swarmgate_device_memory_bytes";
+const DEVICE_FREE_MEMORY: &str = "swarmgate_device_free_memory_bytes";
+
+/// The parts of the engine's device memory, as `part` labels.
+const MEMORY_PARTS: [&str; 3] = ["weights", "kv", "activations"];
 
 /// The route label of requests no route matched: one series, whatever the path.
 const UNMATCHED: &str = "unmatched";
@@ -221,6 +227,7 @@ struct Inner {
     generation_tokens: Counter,
     running: Gauge,
     waiting: Gauge,
+    device_memory: [Gauge; 3],
     kv_blocks: Vec<Gauge>,
     kv_counters: Vec<Counter>,
 }
@@ -262,6 +269,7 @@ impl Metrics {
             generation_tokens: counter(GENERATION_TOKENS, &[]),
             running: gauge(RUNNING, &[]),
             waiting: gauge(WAITING, &[]),
+            device_memory: MEMORY_PARTS.map(|part| gauge(DEVICE_MEMORY, &[("part", part)])),
             kv_blocks: KV_BLOCKS
                 .iter()
                 .map(|series| gauge(series.name, series.labels))
@@ -294,6 +302,21 @@ impl Metrics {
         }
         for (counter, series) in inner.kv_counters.iter().zip(&KV_COUNTERS) {
             counter.absolute((series.read)(&kv));
+        }
+        let m = &stats.memory;
+        for (gauge, bytes) in inner
+            .device_memory
+            .iter()
+            .zip([m.weights, m.kv, m.activations])
+        {
+            gauge.set(bytes as f64);
+        }
+        // Only a GPU reports its free memory: on the CPU there is no such series.
+        if let Some(free) = m.free() {
+            inner
+                .recorder
+                .register_gauge(&key(DEVICE_FREE_MEMORY, &[]), &METADATA)
+                .set(free as f64);
         }
         inner.handle.render()
     }
@@ -507,6 +530,16 @@ fn describe(recorder: &PrometheusRecorder) {
     let gauges = [
         (RUNNING, "Sequences the engine is running."),
         (WAITING, "Sequences waiting in the engine's queue."),
+        (
+            DEVICE_MEMORY,
+            "Bytes the engine holds on its device (RAM on the CPU), by part: weights; kv (the \
+             device tier of the KV cache, allocated at start-up); activations (the reserve for a \
+             step's transient tensors, an upper bound).",
+        ),
+        (
+            DEVICE_FREE_MEMORY,
+            "Free memory of the engine's GPU (GPU engines only).",
+        ),
     ];
     for (name, help) in gauges {
         recorder.describe_gauge(KeyName::from_const_str(name), None, help.into());

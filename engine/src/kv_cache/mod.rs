@@ -20,4 +20,4 @@ pub use manager::{
     BlockTable, CopyOp, KvConfig, KvCounters, KvGauges, KvManager, PrefixHit, SwappedBlocks,
 };
 pub use prefix::{BlockHash, BlockKey};
-pub use storage::{HostStore, KvLayout, KvStorage};
+pub use storage::{HostStore, KvLayout, KvStorage, LayerKv, Slots};

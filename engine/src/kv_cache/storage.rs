@@ -3,13 +3,21 @@
 //!
 //! Layout per layer: `[block][kv_head][slot][head_dim]` f32, so the keys of one head in one
 //! block (the unit attention streams through) are contiguous, and so is a whole block, which
-//! makes a copy between the tiers one `memcpy` per layer and side. Everything is allocated once,
-//! at start-up, from the memory budgets; nothing here allocates afterwards. The device tier's
-//! pages are touched then too ([`resident`]), so the process holds its budget from the start
-//! instead of growing into it as blocks are first used: its size then says something about the
-//! rest of its memory. The host tier, an overflow store, is committed as it fills.
+//! makes a copy between the tiers one contiguous copy per layer and side. Everything is allocated
+//! once, at start-up, from the memory budgets; nothing here allocates afterwards.
+//!
+//! The device tier is either arrays in RAM, which the CPU kernels read in place, or tensors on
+//! the model's device (a GPU's memory), `[blocks, kv_heads, block_size, head_dim]` per layer,
+//! which attention reads through candle operations and a step's new keys and values are
+//! scattered into. RAM pages are touched at start-up ([`resident`]), so the process holds its
+//! budget from the start instead of growing into it as blocks are first used: its size then says
+//! something about the rest of its memory. The host tier, an overflow store in CPU RAM, is
+//! committed as it fills.
+
+use candle_core::{DType, Device, Tensor};
 
 use super::{BlockId, CopyOp, HostSlot};
+use crate::Result;
 
 /// Shape of the cache, as the model defines it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,20 +54,77 @@ impl KvLayout {
 pub struct KvStorage {
     layout: KvLayout,
     num_blocks: usize,
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    memory: Memory,
+}
+
+enum Memory {
+    Arrays {
+        keys: Vec<Vec<f32>>,
+        values: Vec<Vec<f32>>,
+    },
+    Tensors {
+        keys: Vec<Tensor>,
+        values: Vec<Tensor>,
+    },
+}
+
+/// One layer of the cache, as attention reads it.
+pub enum LayerKv<'a> {
+    Arrays {
+        keys: &'a [f32],
+        values: &'a [f32],
+    },
+    Tensors {
+        keys: &'a Tensor,
+        values: &'a Tensor,
+    },
+}
+
+/// Where a batch's tokens go in the cache, in the form the storage writes them.
+pub enum Slots {
+    /// `(block, slot)` of each token.
+    Places(Vec<(BlockId, usize)>),
+    /// Row of each (token, KV head) in a layer seen as `[blocks * kv_heads * block_size,
+    /// head_dim]`, repeated across `head_dim` for a scatter: `[tokens * kv_heads, head_dim]` u32.
+    Rows(Tensor),
 }
 
 impl KvStorage {
+    /// The device tier as arrays in RAM, for the CPU kernels.
     pub fn new(layout: KvLayout, num_blocks: usize) -> Self {
         let elems = num_blocks * layout.block_elems();
         let alloc = || (0..layout.num_layers).map(|_| resident(elems)).collect();
         Self {
             layout,
             num_blocks,
-            keys: alloc(),
-            values: alloc(),
+            memory: Memory::Arrays {
+                keys: alloc(),
+                values: alloc(),
+            },
         }
+    }
+
+    /// The device tier as tensors in `device`'s memory (zeros).
+    pub fn on_device(layout: KvLayout, num_blocks: usize, device: &Device) -> Result<Self> {
+        let shape = (
+            num_blocks,
+            layout.n_kv_heads,
+            layout.block_size,
+            layout.head_dim,
+        );
+        let alloc = || -> Result<Vec<Tensor>> {
+            (0..layout.num_layers)
+                .map(|_| Ok(Tensor::zeros(shape, DType::F32, device)?))
+                .collect()
+        };
+        Ok(Self {
+            layout,
+            num_blocks,
+            memory: Memory::Tensors {
+                keys: alloc()?,
+                values: alloc()?,
+            },
+        })
     }
 
     pub fn layout(&self) -> &KvLayout {
@@ -70,42 +135,160 @@ impl KvStorage {
         self.num_blocks
     }
 
+    /// The device the blocks live on, when they are tensors.
+    pub fn device(&self) -> Option<&Device> {
+        match &self.memory {
+            Memory::Arrays { .. } => None,
+            Memory::Tensors { keys, .. } => keys.first().map(Tensor::device),
+        }
+    }
+
     /// Keys and values of one layer.
-    pub fn layer(&self, layer: usize) -> (&[f32], &[f32]) {
-        (&self.keys[layer], &self.values[layer])
+    pub fn layer(&self, layer: usize) -> LayerKv<'_> {
+        match &self.memory {
+            Memory::Arrays { keys, values } => LayerKv::Arrays {
+                keys: &keys[layer],
+                values: &values[layer],
+            },
+            Memory::Tensors { keys, values } => LayerKv::Tensors {
+                keys: &keys[layer],
+                values: &values[layer],
+            },
+        }
+    }
+
+    /// Prepares the writes of a batch whose token `i` goes to `places[i]`, once for every layer.
+    pub fn slots(&self, places: Vec<(BlockId, usize)>) -> Result<Slots> {
+        let Memory::Tensors { keys, .. } = &self.memory else {
+            return Ok(Slots::Places(places));
+        };
+        let l = &self.layout;
+        let rows: Vec<u32> = places
+            .iter()
+            .flat_map(|&(block, slot)| {
+                (0..l.n_kv_heads).flat_map(move |head| {
+                    let row = (l.offset(block, head, slot) / l.head_dim) as u32;
+                    std::iter::repeat_n(row, l.head_dim)
+                })
+            })
+            .collect();
+        let shape = (places.len() * l.n_kv_heads, l.head_dim);
+        let device = keys.first().map_or(&Device::Cpu, Tensor::device);
+        Ok(Slots::Rows(Tensor::from_vec(rows, shape, device)?))
+    }
+
+    /// Stores a batch's keys and values, `[tokens, n_kv_heads * head_dim]` each, at `slots`.
+    pub fn write(&mut self, layer: usize, slots: &Slots, k: &Tensor, v: &Tensor) -> Result<()> {
+        let l = self.layout;
+        match (&mut self.memory, slots) {
+            (Memory::Arrays { keys, values }, Slots::Places(places)) => {
+                let width = l.n_kv_heads * l.head_dim;
+                let k = k.flatten_all()?.to_vec1::<f32>()?;
+                let v = v.flatten_all()?.to_vec1::<f32>()?;
+                for (row, &place) in places.iter().enumerate() {
+                    let span = row * width..(row + 1) * width;
+                    let layer = (&mut keys[layer][..], &mut values[layer][..]);
+                    store_token(&l, layer, place, &k[span.clone()], &v[span]);
+                }
+            }
+            (Memory::Tensors { keys, values }, Slots::Rows(rows)) => {
+                let flat = (self.num_blocks * l.n_kv_heads * l.block_size, l.head_dim);
+                for (cache, new) in [(&keys[layer], k), (&values[layer], v)] {
+                    let new = new.contiguous()?.reshape(rows.shape())?;
+                    cache.reshape(flat)?.scatter_set(rows, &new, 0)?;
+                }
+            }
+            _ => {
+                return Err(crate::EngineError::Model(
+                    "KV slots prepared for another kind of storage".into(),
+                ))
+            }
+        }
+        Ok(())
     }
 
     /// Runs a step's copies between the tiers, in the order given.
-    pub fn run_copies(&mut self, copies: &[CopyOp], host: &mut HostStore) {
+    pub fn run_copies(&mut self, copies: &[CopyOp], host: &mut HostStore) -> Result<()> {
         let be = self.layout.block_elems();
+        let l = self.layout;
+        let block_shape = (1, l.n_kv_heads, l.block_size, l.head_dim);
         for &copy in copies {
-            for layer in 0..self.layout.num_layers {
-                for (side, device) in [&mut self.keys[layer], &mut self.values[layer]]
-                    .into_iter()
-                    .enumerate()
-                {
-                    match copy {
-                        CopyOp::ToHost { block, slot } => host
-                            .part_mut(slot, layer, side)
-                            .copy_from_slice(&device[block.index() * be..(block.index() + 1) * be]),
-                        CopyOp::ToDevice { slot, block } => device
-                            [block.index() * be..(block.index() + 1) * be]
-                            .copy_from_slice(host.part(slot, layer, side)),
+            for layer in 0..l.num_layers {
+                match &mut self.memory {
+                    Memory::Arrays { keys, values } => {
+                        for (side, device) in [&mut keys[layer], &mut values[layer]]
+                            .into_iter()
+                            .enumerate()
+                        {
+                            let blocks = |b: BlockId| b.index() * be..(b.index() + 1) * be;
+                            match copy {
+                                CopyOp::ToHost { block, slot } => host
+                                    .part_mut(slot, layer, side)
+                                    .copy_from_slice(&device[blocks(block)]),
+                                CopyOp::ToDevice { slot, block } => device[blocks(block)]
+                                    .copy_from_slice(host.part(slot, layer, side)),
+                            }
+                        }
+                    }
+                    Memory::Tensors { keys, values } => {
+                        for (side, device) in [&keys[layer], &values[layer]].into_iter().enumerate()
+                        {
+                            match copy {
+                                CopyOp::ToHost { block, slot } => {
+                                    let data = device
+                                        .narrow(0, block.index(), 1)?
+                                        .flatten_all()?
+                                        .to_vec1::<f32>()?;
+                                    host.part_mut(slot, layer, side).copy_from_slice(&data);
+                                }
+                                CopyOp::ToDevice { slot, block } => {
+                                    let data = Tensor::from_slice(
+                                        host.part(slot, layer, side),
+                                        block_shape,
+                                        device.device(),
+                                    )?;
+                                    device.slice_set(&data, 0, block.index())?;
+                                }
+                            }
+                        }
                     }
                 }
             }
         }
+        Ok(())
     }
 
     /// Stores the keys and values of one token (`[n_kv_heads * head_dim]` each) at `slot` of
     /// `block`.
-    pub fn write(&mut self, layer: usize, block: BlockId, slot: usize, k: &[f32], v: &[f32]) {
-        let hd = self.layout.head_dim;
-        for head in 0..self.layout.n_kv_heads {
-            let at = self.layout.offset(block, head, slot);
-            self.keys[layer][at..at + hd].copy_from_slice(&k[head * hd..(head + 1) * hd]);
-            self.values[layer][at..at + hd].copy_from_slice(&v[head * hd..(head + 1) * hd]);
-        }
+    #[cfg(test)]
+    pub(crate) fn write_token(
+        &mut self,
+        layer: usize,
+        block: BlockId,
+        slot: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<()> {
+        let slots = self.slots(vec![(block, slot)])?;
+        let device = self.device().cloned().unwrap_or(Device::Cpu);
+        let row = |x: &[f32]| Tensor::from_slice(x, (1, x.len()), &device);
+        self.write(layer, &slots, &row(k)?, &row(v)?)
+    }
+}
+
+/// Stores one token's keys and values into a layer held as arrays.
+fn store_token(
+    l: &KvLayout,
+    (keys, values): (&mut [f32], &mut [f32]),
+    (block, slot): (BlockId, usize),
+    k: &[f32],
+    v: &[f32],
+) {
+    let hd = l.head_dim;
+    for head in 0..l.n_kv_heads {
+        let at = l.offset(block, head, slot);
+        keys[at..at + hd].copy_from_slice(&k[head * hd..(head + 1) * hd]);
+        values[at..at + hd].copy_from_slice(&v[head * hd..(head + 1) * hd]);
     }
 }
 
@@ -156,40 +339,62 @@ impl HostStore {
 mod tests {
     use super::*;
 
+    /// A layer's keys and values, flattened, whichever the storage.
+    fn read(kv: &KvStorage, layer: usize) -> (Vec<f32>, Vec<f32>) {
+        match kv.layer(layer) {
+            LayerKv::Arrays { keys, values } => (keys.to_vec(), values.to_vec()),
+            LayerKv::Tensors { keys, values } => {
+                let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                (flat(keys), flat(values))
+            }
+        }
+    }
+
+    /// Tokens written land at their block's offsets, and a block sent to the host and back into
+    /// another block arrives whole, for arrays and for tensors alike (the same layout).
     #[test]
     fn blocks_round_trip_through_the_host() {
         let layout = KvLayout {
             num_layers: 2,
             block_size: 2,
-            n_kv_heads: 1,
+            n_kv_heads: 2,
             head_dim: 4,
         };
-        let mut kv = KvStorage::new(layout, 3);
-        let mut host = HostStore::new(layout, 2);
-        let k: Vec<f32> = (0..4).map(|i| i as f32).collect();
-        let v: Vec<f32> = (0..4).map(|i| -(i as f32)).collect();
-        for layer in 0..2 {
-            kv.write(layer, BlockId(1), 1, &k, &v);
-        }
-        kv.run_copies(
-            &[CopyOp::ToHost {
-                block: BlockId(1),
-                slot: HostSlot(1),
-            }],
-            &mut host,
-        );
-        kv.run_copies(
-            &[CopyOp::ToDevice {
-                slot: HostSlot(1),
-                block: BlockId(2),
-            }],
-            &mut host,
-        );
-        for layer in 0..2 {
-            let (keys, values) = kv.layer(layer);
-            let at = layout.offset(BlockId(2), 0, 1);
-            assert_eq!(&keys[at..at + 4], &k[..]);
-            assert_eq!(&values[at..at + 4], &v[..]);
+        let width = layout.n_kv_heads * layout.head_dim;
+        let k: Vec<f32> = (0..width).map(|i| i as f32 + 1.0).collect();
+        let v: Vec<f32> = (0..width).map(|i| -(i as f32) - 1.0).collect();
+        for mut kv in [
+            KvStorage::new(layout, 3),
+            KvStorage::on_device(layout, 3, &Device::Cpu).unwrap(),
+        ] {
+            let mut host = HostStore::new(layout, 2);
+            for layer in 0..2 {
+                kv.write_token(layer, BlockId(1), 1, &k, &v).unwrap();
+            }
+            let copies = [
+                CopyOp::ToHost {
+                    block: BlockId(1),
+                    slot: HostSlot(1),
+                },
+                CopyOp::ToDevice {
+                    slot: HostSlot(1),
+                    block: BlockId(2),
+                },
+            ];
+            kv.run_copies(&copies, &mut host).unwrap();
+            for layer in 0..2 {
+                let (keys, values) = read(&kv, layer);
+                for block in [1, 2] {
+                    for head in 0..layout.n_kv_heads {
+                        let at = layout.offset(BlockId(block), head, 1);
+                        let hd = head * layout.head_dim..(head + 1) * layout.head_dim;
+                        assert_eq!(keys[at..at + layout.head_dim], k[hd.clone()]);
+                        assert_eq!(values[at..at + layout.head_dim], v[hd]);
+                    }
+                }
+                let written = keys.iter().filter(|x| **x != 0.0).count();
+                assert_eq!(written, 2 * width, "nothing else was written");
+            }
         }
     }
 }

@@ -10,15 +10,17 @@
 //! Grouped-query attention: the query heads sharing a KV head are processed together, so each
 //! key and value vector is read once per group. Work is split across threads by token.
 //!
-//! [`paged_attention_ops`] is the same attention built from candle operations (gather the
-//! sequence's blocks, one batched matmul per sequence, a causal mask, softmax, a second matmul)
-//! over a cache held as tensors, so it runs on any device candle supports; it is the reference
-//! a device kernel is checked against, and the tests check it against the loop above.
+//! [`paged_attention_ops`] is the device path's attention, over a cache held as tensors: built
+//! from candle operations (gather the blocks, batched matmuls, a causal mask, softmax, a second
+//! matmul), so it runs on any device candle supports, with decode tokens optionally handed to the
+//! paged decode kernel ([`super::paged_kernel`]). The tests hold both, the kernel through its CPU
+//! reference, against the loop above.
 
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
 use rayon::prelude::*;
 
-use crate::kv_cache::{BlockId, KvStorage};
+use super::paged_kernel::PagedDecode;
+use crate::kv_cache::{BlockId, KvLayout};
 use crate::Result;
 
 /// The tokens of one sequence inside a batch: rows `start..start + len` of the batch, at
@@ -31,22 +33,20 @@ pub struct SeqSlice {
     pub blocks: Vec<BlockId>,
 }
 
-/// `q` is `[tokens, n_heads * head_dim]`; writes `out` of the same shape. The current tokens'
-/// keys and values must already be in `kv`.
+/// `q` is `[tokens, n_heads * head_dim]`; writes `out` of the same shape. `keys` and `values`
+/// are one layer of a cache held as arrays, laid out as `layout` says, with the current tokens'
+/// keys and values already in place.
 pub fn paged_attention(
     q: &[f32],
-    kv: &KvStorage,
-    layer: usize,
+    (keys, values, layout): (&[f32], &[f32], &KvLayout),
     seqs: &[SeqSlice],
     n_heads: usize,
     out: &mut [f32],
 ) {
-    let layout = *kv.layout();
     let hd = layout.head_dim;
     let group = n_heads / layout.n_kv_heads;
     let row = n_heads * hd;
     let scale = 1.0 / (hd as f32).sqrt();
-    let (keys, values) = kv.layer(layer);
     // (sequence, position) of every token row.
     let rows: Vec<(usize, usize)> = seqs
         .iter()
@@ -100,63 +100,182 @@ pub fn paged_attention(
 /// `values` are one layer of the cache, `[num_blocks, n_kv_heads, block_size, head_dim]`, with
 /// the current tokens' keys and values already in place. Returns `[tokens, n_heads * head_dim]`,
 /// on `q`'s device. `seqs` must cover the batch's rows in order.
+///
+/// The decode tokens (one-token sequences) run together, a fixed number of operations whatever
+/// their count: `decode_with` says how, the paged decode kernel reading the cache in place, or
+/// candle operations (their block tables padded to the longest, gathered, one batched matmul, a
+/// mask of each one's length, softmax, a second matmul). Prefill chunks run one sequence at a
+/// time, from candle operations.
 pub fn paged_attention_ops(
     q: &Tensor,
-    keys: &Tensor,
-    values: &Tensor,
+    (keys, values): (&Tensor, &Tensor),
     seqs: &[SeqSlice],
+    n_heads: usize,
+    decode_with: DecodeAttention,
+) -> Result<Tensor> {
+    let (decode, chunks): (Vec<&SeqSlice>, Vec<&SeqSlice>) = seqs.iter().partition(|s| s.len == 1);
+    let mut parts = Vec::with_capacity(chunks.len() + 1);
+    let mut order: Vec<u32> = Vec::with_capacity(q.dim(0)?);
+    if !decode.is_empty() {
+        let attend = match decode_with {
+            DecodeAttention::Kernel => decode_kernel,
+            DecodeAttention::Ops => decode_attention,
+        };
+        parts.push(attend(q, (keys, values), &decode, n_heads)?);
+        order.extend(decode.iter().map(|s| s.start as u32));
+    }
+    for seq in chunks {
+        parts.push(chunk_attention(q, (keys, values), seq, n_heads)?);
+        order.extend((seq.start..seq.start + seq.len).map(|r| r as u32));
+    }
+    let out = Tensor::cat(&parts, 0)?;
+    // `order[i]` is the batch row that row `i` of `out` answers; put every row back in place.
+    let mut inverse = vec![0u32; order.len()];
+    for (i, &row) in order.iter().enumerate() {
+        inverse[row as usize] = i as u32;
+    }
+    if inverse.iter().enumerate().all(|(i, &r)| i as u32 == r) {
+        return Ok(out);
+    }
+    Ok(out.index_select(&Tensor::new(inverse.as_slice(), q.device())?, 0)?)
+}
+
+/// How the device path attends for decode tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeAttention {
+    /// The paged decode kernel, [`PagedDecode`]: one launch, the cache read in place.
+    Kernel,
+    /// Candle operations: gather, batched matmuls, mask, softmax ([`paged_attention_ops`]).
+    Ops,
+}
+
+/// The block tables of one-token sequences padded to the longest with its first block, `[n,
+/// width]`, and that width: the mask or the lengths hide what the padding holds.
+fn padded_tables(decode: &[&SeqSlice], block_size: usize) -> (Vec<u32>, usize) {
+    let used = |s: &SeqSlice| (s.pos0 + 1).div_ceil(block_size);
+    let width = decode.iter().map(|s| used(s)).max().unwrap_or(1);
+    let ids = decode
+        .iter()
+        .flat_map(|s| {
+            let table = &s.blocks[..used(s)];
+            (0..width).map(move |i| table.get(i).unwrap_or(&table[0]).index() as u32)
+        })
+        .collect();
+    (ids, width)
+}
+
+/// [`decode_attention`] by the paged decode kernel.
+fn decode_kernel(
+    q: &Tensor,
+    (keys, values): (&Tensor, &Tensor),
+    decode: &[&SeqSlice],
+    n_heads: usize,
+) -> Result<Tensor> {
+    let (tables, width) = padded_tables(decode, keys.dim(2)?);
+    let rows: Vec<u32> = decode.iter().map(|s| s.start as u32).collect();
+    let q = q.index_select(&Tensor::new(rows.as_slice(), q.device())?, 0)?;
+    let op = PagedDecode {
+        tables,
+        lens: decode.iter().map(|s| s.pos0 as u32 + 1).collect(),
+        width,
+        n_heads,
+    };
+    op.run(&q, keys, values)
+}
+
+/// Attention of one-token sequences, batched: `[decode.len(), n_heads * head_dim]`.
+fn decode_attention(
+    q: &Tensor,
+    (keys, values): (&Tensor, &Tensor),
+    decode: &[&SeqSlice],
+    n_heads: usize,
+) -> Result<Tensor> {
+    let (_, n_kv_heads, block_size, hd) = keys.dims4()?;
+    let (n, group) = (decode.len(), n_heads / n_kv_heads);
+    let device = q.device();
+    let (ids, width) = padded_tables(decode, block_size);
+    let len = width * block_size;
+    let ids = Tensor::new(ids.as_slice(), device)?;
+    // [n * width, kv heads, block, hd] -> [n * kv heads, width * block, hd]
+    let gather = |cache: &Tensor| -> Result<Tensor> {
+        Ok(cache
+            .index_select(&ids, 0)?
+            .reshape((n, width, n_kv_heads, block_size, hd))?
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((n * n_kv_heads, len, hd))?)
+    };
+    let (k, v) = (gather(keys)?, gather(values)?);
+    let rows: Vec<u32> = decode.iter().map(|s| s.start as u32).collect();
+    let q = q
+        .index_select(&Tensor::new(rows.as_slice(), device)?, 0)?
+        .reshape((n * n_kv_heads, group, hd))?;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let scores = (q.matmul(&k.t()?)? * scale)?.reshape((n, n_kv_heads * group, len))?;
+    let mask: Vec<f32> = decode
+        .iter()
+        .flat_map(|s| (0..len).map(move |j| if j <= s.pos0 { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    let mask = Tensor::from_vec(mask, (n, 1, len), device)?;
+    let p = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?.reshape((
+        n * n_kv_heads,
+        group,
+        len,
+    ))?;
+    Ok(p.matmul(&v)?.reshape((n, n_heads * hd))?)
+}
+
+/// Attention of one sequence's chunk of tokens: `[seq.len, n_heads * head_dim]`.
+fn chunk_attention(
+    q: &Tensor,
+    (keys, values): (&Tensor, &Tensor),
+    seq: &SeqSlice,
     n_heads: usize,
 ) -> Result<Tensor> {
     let (_, n_kv_heads, block_size, hd) = keys.dims4()?;
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (hd as f64).sqrt();
     let device = q.device();
-    let mut out = Vec::with_capacity(seqs.len());
-    for seq in seqs {
-        let ctx = seq.pos0 + seq.len;
-        let used = ctx.div_ceil(block_size);
-        let ids: Vec<u32> = seq.blocks[..used]
-            .iter()
-            .map(|b| b.index() as u32)
-            .collect();
-        let ids = Tensor::new(ids.as_slice(), device)?;
-        // [used, kv heads, block, hd] -> [kv heads, used * block, hd], the first `ctx` positions.
-        let gather = |cache: &Tensor| -> Result<Tensor> {
-            Ok(cache
-                .index_select(&ids, 0)?
-                .transpose(0, 1)?
-                .contiguous()?
-                .reshape((n_kv_heads, used * block_size, hd))?
-                .narrow(1, 0, ctx)?)
-        };
-        let (k, v) = (gather(keys)?, gather(values)?);
-        // The sequence's query rows, grouped by the KV head they read: [kv heads, group * len, hd].
-        let rows = group * seq.len;
-        let q = q
-            .narrow(0, seq.start, seq.len)?
-            .reshape((seq.len, n_kv_heads, group, hd))?
-            .permute((1, 2, 0, 3))?
+    let ctx = seq.pos0 + seq.len;
+    let used = ctx.div_ceil(block_size);
+    let ids: Vec<u32> = seq.blocks[..used]
+        .iter()
+        .map(|b| b.index() as u32)
+        .collect();
+    let ids = Tensor::new(ids.as_slice(), device)?;
+    // [used, kv heads, block, hd] -> [kv heads, used * block, hd], the first `ctx` positions.
+    let gather = |cache: &Tensor| -> Result<Tensor> {
+        Ok(cache
+            .index_select(&ids, 0)?
+            .transpose(0, 1)?
             .contiguous()?
-            .reshape((n_kv_heads, rows, hd))?;
-        let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?;
-        // Row `r` is token `r % len`, at position `pos0 + r % len`: it sees keys up to there.
-        let mask: Vec<f32> = (0..rows)
-            .flat_map(|r| {
-                let last = seq.pos0 + r % seq.len;
-                (0..ctx).map(move |j| if j <= last { 0.0 } else { f32::NEG_INFINITY })
-            })
-            .collect();
-        let mask = Tensor::from_vec(mask, (1, rows, ctx), device)?;
-        let p = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
-        out.push(
-            p.matmul(&v)?
-                .reshape((n_kv_heads, group, seq.len, hd))?
-                .permute((2, 0, 1, 3))?
-                .contiguous()?
-                .reshape((seq.len, n_heads * hd))?,
-        );
-    }
-    Ok(Tensor::cat(&out, D::Minus2)?)
+            .reshape((n_kv_heads, used * block_size, hd))?
+            .narrow(1, 0, ctx)?)
+    };
+    let (k, v) = (gather(keys)?, gather(values)?);
+    // The sequence's query rows, grouped by the KV head they read: [kv heads, group * len, hd].
+    let rows = group * seq.len;
+    let q = q
+        .narrow(0, seq.start, seq.len)?
+        .reshape((seq.len, n_kv_heads, group, hd))?
+        .permute((1, 2, 0, 3))?
+        .contiguous()?
+        .reshape((n_kv_heads, rows, hd))?;
+    let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?;
+    // Row `r` is token `r % len`, at position `pos0 + r % len`: it sees keys up to there.
+    let mask: Vec<f32> = (0..rows)
+        .flat_map(|r| {
+            let last = seq.pos0 + r % seq.len;
+            (0..ctx).map(move |j| if j <= last { 0.0 } else { f32::NEG_INFINITY })
+        })
+        .collect();
+    let mask = Tensor::from_vec(mask, (1, rows, ctx), device)?;
+    let p = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?;
+    Ok(p.matmul(&v)?
+        .reshape((n_kv_heads, group, seq.len, hd))?
+        .permute((2, 0, 1, 3))?
+        .contiguous()?
+        .reshape((seq.len, n_heads * hd))?)
 }
 
 const LANES: usize = 16;
@@ -202,7 +321,14 @@ mod tests {
     use candle_core::Device;
 
     use super::*;
-    use crate::kv_cache::KvLayout;
+    use crate::kv_cache::{KvStorage, LayerKv};
+
+    fn arrays(kv: &KvStorage) -> (&[f32], &[f32], &KvLayout) {
+        let LayerKv::Arrays { keys, values } = kv.layer(0) else {
+            unreachable!("KvStorage::new holds arrays")
+        };
+        (keys, values, kv.layout())
+    }
 
     /// Naive attention over contiguous keys/values, for comparison.
     fn naive(q: &[f32], ks: &[Vec<f32>], vs: &[Vec<f32>], hd: usize) -> Vec<f32> {
@@ -236,7 +362,7 @@ mod tests {
         for t in 0..len {
             let k: Vec<f32> = (0..2 * hd).map(|i| val(t, i)).collect();
             let v: Vec<f32> = (0..2 * hd).map(|i| val(t + 3, i + 1)).collect();
-            kv.write(0, blocks[t / 4], t % 4, &k, &v);
+            kv.write_token(0, blocks[t / 4], t % 4, &k, &v).unwrap();
             for g in 0..2 {
                 keys[g].push(k[g * hd..(g + 1) * hd].to_vec());
                 vals[g].push(v[g * hd..(g + 1) * hd].to_vec());
@@ -250,7 +376,7 @@ mod tests {
             blocks,
         }];
         let mut out = vec![0f32; q.len()];
-        paged_attention(&q, &kv, 0, &seqs, n_heads, &mut out);
+        paged_attention(&q, arrays(&kv), &seqs, n_heads, &mut out);
         for t in 0..len {
             for h in 0..n_heads {
                 let g = h / 2;
@@ -264,7 +390,9 @@ mod tests {
     }
 
     /// The candle-ops attention agrees with the loop on a ragged batch: a prefill from position
-    /// 0, a decode step deep in its context, and a chunk in the middle, over scattered blocks.
+    /// 0, a decode step deep in its context, a chunk in the middle and a decode step with a short
+    /// context (the two decode steps batched, their rows put back in place), over scattered
+    /// blocks.
     #[test]
     fn the_candle_ops_attention_matches_the_loop() {
         let layout = KvLayout {
@@ -281,7 +409,8 @@ mod tests {
             for slot in 0..layout.block_size {
                 let k: Vec<f32> = (0..width).map(|i| val(block * 5 + slot, i)).collect();
                 let v: Vec<f32> = (0..width).map(|i| val(block + slot * 3, i + 7)).collect();
-                kv.write(0, BlockId(block as u32), slot, &k, &v);
+                kv.write_token(0, BlockId(block as u32), slot, &k, &v)
+                    .unwrap();
             }
         }
         let ids = |list: &[u32]| list.iter().map(|&b| BlockId(b)).collect::<Vec<_>>();
@@ -304,12 +433,18 @@ mod tests {
                 pos0: 6,
                 blocks: ids(&[14, 1, 12]),
             },
+            SeqSlice {
+                start: 13,
+                len: 1,
+                pos0: 2,
+                blocks: ids(&[4]),
+            },
         ];
-        let tokens = 13;
+        let tokens = 14;
         let row = n_heads * layout.head_dim;
         let q: Vec<f32> = (0..tokens * row).map(|i| val(i, 3)).collect();
         let mut expected = vec![0f32; q.len()];
-        paged_attention(&q, &kv, 0, &seqs, n_heads, &mut expected);
+        paged_attention(&q, arrays(&kv), &seqs, n_heads, &mut expected);
 
         let shape = (
             num_blocks,
@@ -317,22 +452,26 @@ mod tests {
             layout.block_size,
             layout.head_dim,
         );
-        let (keys, values) = kv.layer(0);
+        let (keys, values, _) = arrays(&kv);
         let keys = Tensor::from_slice(keys, shape, &Device::Cpu).unwrap();
         let values = Tensor::from_slice(values, shape, &Device::Cpu).unwrap();
         let q = Tensor::from_vec(q, (tokens, row), &Device::Cpu).unwrap();
-        let got = paged_attention_ops(&q, &keys, &values, &seqs, n_heads)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
-        assert_eq!(got.len(), expected.len());
-        let worst = got
-            .iter()
-            .zip(&expected)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        assert!(worst < 1e-5, "largest difference {worst}");
+        // The paged decode kernel's CPU reference for the two decode steps, and candle
+        // operations for them, against the loop.
+        for decode in [DecodeAttention::Kernel, DecodeAttention::Ops] {
+            let got = paged_attention_ops(&q, (&keys, &values), &seqs, n_heads, decode)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            assert_eq!(got.len(), expected.len());
+            let worst = got
+                .iter()
+                .zip(&expected)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(worst < 1e-5, "{decode:?}: largest difference {worst}");
+        }
     }
 }

@@ -124,6 +124,11 @@ impl Linear {
         self.out_features
     }
 
+    /// Bytes the packed weights take.
+    pub fn bytes(&self) -> usize {
+        std::mem::size_of_val(self.tiles.as_slice())
+    }
+
     pub fn in_features(&self) -> usize {
         self.in_features
     }

@@ -3,18 +3,140 @@
 //! Unlike candle's `quantized_llama`, the model holds only weights: the KV cache is passed in, and
 //! one forward call takes any mix of sequences, each contributing a prefill chunk or one decode
 //! token at its own positions (RoPE per token). Layers are candle building blocks (`rms_norm`,
-//! `rope_i`, `silu`) around the batch-invariant [`Linear`] and the paged attention kernel.
+//! `rope_i`, `silu`) around the products and attention of one of two [`Backend`]s: on the CPU,
+//! the batch-invariant [`Linear`] and the paged attention loop over a cache in RAM; on any device
+//! (a GPU), candle's quantized matmul and [`paged_attention_ops`] over a cache of device tensors.
 
-use candle_core::{Device, Tensor, D};
+use candle_core::quantized::{ggml_file::qtensor_from_ggml, QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor, D};
 use candle_nn::ops::rms_norm;
 use candle_nn::rotary_emb::{rope, rope_i};
 
-use super::attention::{paged_attention, SeqSlice};
+use super::attention::{paged_attention, paged_attention_ops, DecodeAttention, SeqSlice};
 use super::gguf::Gguf;
 use super::linear::Linear;
+use super::paged_kernel::kernel_fits;
 use super::ForwardBatch;
-use crate::kv_cache::{KvLayout, KvStorage};
+use crate::kv_cache::{KvLayout, KvStorage, LayerKv, Slots};
 use crate::{EngineError, Result};
+
+/// Which kernels run the model, and where its weights and KV cache live.
+#[derive(Clone, Debug)]
+pub enum Backend {
+    /// The CPU kernels: batch-invariant quantized products, the paged attention loop, the KV
+    /// cache as arrays in RAM. The fastest path on a CPU.
+    Kernels,
+    /// candle's operations on a device: matmuls with the weights in `weights`' form, attention
+    /// from gathers and batched matmuls and the paged decode kernel, the KV cache as tensors in
+    /// the device's memory. The GPU path; on `Device::Cpu` it is that path's reference.
+    Tensors {
+        device: Device,
+        weights: DeviceWeights,
+    },
+}
+
+impl Backend {
+    pub fn device(&self) -> Device {
+        match self {
+            Self::Kernels => Device::Cpu,
+            Self::Tensors { device, .. } => device.clone(),
+        }
+    }
+}
+
+/// The form of the weights on a device.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceWeights {
+    /// Dequantized to f32 once at load, multiplied by cuBLAS GEMMs: the products the CPU kernels
+    /// compute (the GGUF's values times f32 activations), at 4 bytes a weight.
+    #[default]
+    F32,
+    /// Dequantized to f16, the activations rounded to f16 for each product: half the memory and
+    /// bandwidth of f32, tensor-core GEMMs.
+    F16,
+    /// The GGUF's blocks as they are, candle's quantized kernels (8-bit activations against the
+    /// blocks for a few rows, dequantizing for more): the least memory.
+    Quantized,
+}
+
+/// One weight matrix (or several fused along the output), as the backend multiplies by it.
+enum Proj {
+    Kernels(Linear),
+    Quantized(QMatMul),
+}
+
+impl Proj {
+    /// Fuses `parts`, which share their input size, into one product whose outputs are theirs
+    /// concatenated (q/k/v, or gate/up): one pass over the activations instead of several.
+    fn load(parts: &[&QTensor], backend: &Backend) -> Result<Self> {
+        let (device, weights) = match backend {
+            Backend::Kernels => return Ok(Self::Kernels(Linear::from_qtensors(parts)?)),
+            Backend::Tensors { device, weights } => (device, weights),
+        };
+        let dtype = parts[0].dtype();
+        let in_features = parts[0].shape().dims2()?.1;
+        let mut bytes = Vec::new();
+        let mut out_features = 0;
+        for part in parts {
+            let (n, k) = part.shape().dims2()?;
+            if part.dtype() != dtype || k != in_features {
+                return Err(EngineError::Model(
+                    "fused weights disagree on type or input size".into(),
+                ));
+            }
+            // GGML blocks never straddle rows, so rows concatenate byte for byte.
+            bytes.extend_from_slice(&part.data()?);
+            out_features += n;
+        }
+        let fused = qtensor_from_ggml(dtype, &bytes, vec![out_features, in_features], device)?;
+        Ok(Self::Quantized(match weights {
+            DeviceWeights::F32 => QMatMul::Tensor(fused.dequantize(device)?),
+            DeviceWeights::F16 => QMatMul::TensorF16(fused.dequantize_f16(device)?),
+            DeviceWeights::Quantized => QMatMul::QTensor(std::sync::Arc::new(fused)),
+        }))
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Self::Kernels(linear) => linear.forward(x)?,
+            Self::Quantized(q) => q.forward(x)?,
+        })
+    }
+
+    /// Bytes the weights take where they live.
+    fn bytes(&self) -> usize {
+        match self {
+            Self::Kernels(linear) => linear.bytes(),
+            Self::Quantized(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
+            Self::Quantized(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => tensor_bytes(t),
+        }
+    }
+
+    /// The rows of `ids`, dequantized: an embedding lookup. `[ids, in_features]`.
+    fn rows(&self, ids: &[u32], device: &Device) -> Result<Tensor> {
+        Ok(match self {
+            Self::Kernels(linear) => {
+                let width = linear.in_features();
+                let rows = ids.iter().flat_map(|&id| linear.row(id as usize)).collect();
+                Tensor::from_vec(rows, (ids.len(), width), device)?
+            }
+            Self::Quantized(q) => q
+                .embedding(&Tensor::new(ids, device)?)?
+                .to_dtype(candle_core::DType::F32)?,
+        })
+    }
+}
 
 /// Hyper-parameters read from the GGUF metadata.
 #[derive(Clone, Debug, PartialEq)]
@@ -86,31 +208,37 @@ impl LlamaConfig {
 
 struct Layer {
     attn_norm: Tensor,
-    /// q, k and v fused: one pass over the activations.
-    qkv: Linear,
-    o: Linear,
+    /// q, k and v fused.
+    qkv: Proj,
+    o: Proj,
     ffn_norm: Tensor,
     /// gate and up fused.
-    gate_up: Linear,
-    down: Linear,
+    gate_up: Proj,
+    down: Proj,
 }
 
 pub struct Llama {
     config: LlamaConfig,
     /// Token embeddings; also the LM head when the GGUF ties them (no `output.weight`).
-    embed: Linear,
-    lm_head: Option<Linear>,
+    embed: Proj,
+    lm_head: Option<Proj>,
     layers: Vec<Layer>,
     norm: Tensor,
     cos: Tensor,
     sin: Tensor,
     device: Device,
+    /// How the device path attends for decode tokens.
+    decode: DecodeAttention,
 }
 
 impl Llama {
-    pub fn load(g: &mut Gguf) -> Result<Self> {
+    /// Loads the weights for `backend`, onto its device.
+    pub fn load(g: &mut Gguf, backend: &Backend) -> Result<Self> {
         let config = LlamaConfig::from_gguf(g)?;
-        let device = Device::Cpu;
+        let device = backend.device();
+        let proj = |g: &mut Gguf, name: &str| -> Result<Proj> {
+            Proj::load(&[&g.qtensor(name)?], backend)
+        };
         let norm = |g: &mut Gguf, name: &str| -> Result<Tensor> {
             Ok(g.qtensor(name)?.dequantize(&device)?)
         };
@@ -128,19 +256,23 @@ impl Llama {
             );
             layers.push(Layer {
                 attn_norm: norm(g, &format!("{p}.attn_norm.weight"))?,
-                qkv: Linear::from_qtensors(&[&q, &k, &v])?,
-                o: Linear::from_qtensor(&g.qtensor(&format!("{p}.attn_output.weight"))?)?,
+                qkv: Proj::load(&[&q, &k, &v], backend)?,
+                o: proj(g, &format!("{p}.attn_output.weight"))?,
                 ffn_norm: norm(g, &format!("{p}.ffn_norm.weight"))?,
-                gate_up: Linear::from_qtensors(&[&gate, &up])?,
-                down: Linear::from_qtensor(&g.qtensor(&format!("{p}.ffn_down.weight"))?)?,
+                gate_up: Proj::load(&[&gate, &up], backend)?,
+                down: proj(g, &format!("{p}.ffn_down.weight"))?,
             });
         }
-        let embed = Linear::from_qtensor(&g.qtensor("token_embd.weight")?)?;
+        let embed = proj(g, "token_embd.weight")?;
         let lm_head = match g.has_tensor("output.weight") {
-            true => Some(Linear::from_qtensor(&g.qtensor("output.weight")?)?),
+            true => Some(proj(g, "output.weight")?),
             false => None,
         };
         let (cos, sin) = rope_tables(&config, &device)?;
+        let decode = match kernel_fits(config.head_dim) {
+            true => DecodeAttention::Kernel,
+            false => DecodeAttention::Ops,
+        };
         Ok(Self {
             norm: norm(g, "output_norm.weight")?,
             config,
@@ -150,48 +282,105 @@ impl Llama {
             cos,
             sin,
             device,
+            decode,
         })
+    }
+
+    /// Chooses how the device path attends for decode tokens (the kernel where the head
+    /// dimension suits it, by default); the CPU kernels ignore it.
+    pub fn set_decode_attention(&mut self, decode: DecodeAttention) {
+        self.decode = decode;
     }
 
     pub fn config(&self) -> &LlamaConfig {
         &self.config
     }
 
+    /// Bytes the weights take on the device.
+    pub fn weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.qkv, &l.o, &l.gate_up, &l.down]
+                    .iter()
+                    .map(|p| p.bytes())
+                    .sum::<usize>()
+                    + tensor_bytes(&l.attn_norm)
+                    + tensor_bytes(&l.ffn_norm)
+            })
+            .sum();
+        layers
+            + self.embed.bytes()
+            + self.lm_head.as_ref().map_or(0, Proj::bytes)
+            + [&self.norm, &self.cos, &self.sin]
+                .map(tensor_bytes)
+                .iter()
+                .sum::<usize>()
+    }
+
+    /// An upper bound of the transient tensors of one step of at most `step_tokens` tokens and
+    /// `running` sequences (f32): each token's activations through a layer and its logits, and
+    /// the decode attention's gathered keys, values and scores at full context.
+    pub fn activation_bytes(&self, step_tokens: usize, running: usize) -> usize {
+        let c = &self.config;
+        let per_token = 4 * c.hidden
+            + (c.n_heads + 2 * c.n_kv_heads) * c.head_dim * 2
+            + 3 * c.intermediate
+            + c.vocab_size;
+        let attention =
+            running * c.context_length * (2 * c.n_kv_heads * c.head_dim + 2 * c.n_heads);
+        4 * (step_tokens * per_token + attention)
+    }
+
+    /// A KV cache of `num_blocks` blocks of `block_size` tokens, where this model's forward reads
+    /// it: arrays in RAM for the CPU kernels, tensors on the device otherwise.
+    pub fn kv_storage(&self, block_size: usize, num_blocks: usize) -> Result<KvStorage> {
+        let layout = self.config.kv_layout(block_size);
+        Ok(match self.embed {
+            Proj::Kernels(_) => KvStorage::new(layout, num_blocks),
+            Proj::Quantized(_) => KvStorage::on_device(layout, num_blocks, &self.device)?,
+        })
+    }
+
     /// Runs the batch: writes every token's keys and values into `kv` and returns the logits of
     /// the rows listed in `batch.logits_rows`, `[rows, vocab]`.
     pub fn forward(&self, batch: &ForwardBatch, kv: &mut KvStorage) -> Result<Tensor> {
         let c = &self.config;
-        let t = batch.tokens.len();
-        let mut emb = Vec::with_capacity(t * c.hidden);
-        for &tok in &batch.tokens {
-            if tok as usize >= c.vocab_size {
-                return Err(EngineError::InvalidRequest(format!(
-                    "token id {tok} out of range"
-                )));
-            }
-            emb.extend(self.embed.row(tok as usize));
+        if let Some(&tok) = batch.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {tok} out of range"
+            )));
         }
-        let mut x = Tensor::from_vec(emb, (t, c.hidden), &self.device)?;
+        let block_size = kv.layout().block_size;
+        let places = batch
+            .seqs
+            .iter()
+            .flat_map(|seq| {
+                (seq.pos0..seq.pos0 + seq.len)
+                    .map(|pos| (seq.blocks[pos / block_size], pos % block_size))
+            })
+            .collect();
+        let slots = kv.slots(places)?;
+        let mut x = self.embed.rows(&batch.tokens, &self.device)?;
         let positions = Tensor::new(batch.positions.as_slice(), &self.device)?;
         let cos = self.cos.index_select(&positions, 0)?.unsqueeze(1)?;
         let sin = self.sin.index_select(&positions, 0)?.unsqueeze(1)?;
         for (i, layer) in self.layers.iter().enumerate() {
-            x = self.layer_forward(layer, i, &x, &cos, &sin, &batch.seqs, kv)?;
+            x = self.layer_forward(layer, i, &x, (&cos, &sin), (&batch.seqs, &slots), kv)?;
         }
         let rows = Tensor::new(batch.logits_rows.as_slice(), &self.device)?;
         let x = rms_norm(&x.index_select(&rows, 0)?, &self.norm, c.rms_eps)?;
-        Ok(self.lm_head.as_ref().unwrap_or(&self.embed).forward(&x)?)
+        self.lm_head.as_ref().unwrap_or(&self.embed).forward(&x)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &self,
         layer: &Layer,
         index: usize,
         x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        seqs: &[SeqSlice],
+        (cos, sin): (&Tensor, &Tensor),
+        (seqs, slots): (&[SeqSlice], &Slots),
         kv: &mut KvStorage,
     ) -> Result<Tensor> {
         let c = &self.config;
@@ -209,21 +398,20 @@ impl Llama {
         let k = self.rotate(&heads(q_width, c.n_kv_heads)?, cos, sin)?;
         let v = qkv.narrow(D::Minus1, q_width + kv_width, kv_width)?;
 
-        let k = k.flatten_all()?.to_vec1::<f32>()?;
-        let v = v.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-        let block_size = kv.layout().block_size;
-        for seq in seqs {
-            for i in 0..seq.len {
-                let (row, pos) = (seq.start + i, seq.pos0 + i);
-                let block = seq.blocks[pos / block_size];
-                let span = row * kv_width..(row + 1) * kv_width;
-                kv.write(index, block, pos % block_size, &k[span.clone()], &v[span]);
+        kv.write(index, slots, &k.reshape((t, kv_width))?, &v)?;
+        let attn = match kv.layer(index) {
+            LayerKv::Arrays { keys, values } => {
+                let q = q.flatten_all()?.to_vec1::<f32>()?;
+                let mut attn = vec![0f32; t * q_width];
+                let cache = (keys, values, kv.layout());
+                paged_attention(&q, cache, seqs, c.n_heads, &mut attn);
+                Tensor::from_vec(attn, (t, q_width), &self.device)?
             }
-        }
-        let q = q.flatten_all()?.to_vec1::<f32>()?;
-        let mut attn = vec![0f32; t * q_width];
-        paged_attention(&q, kv, index, seqs, c.n_heads, &mut attn);
-        let attn = Tensor::from_vec(attn, (t, q_width), &self.device)?;
+            LayerKv::Tensors { keys, values } => {
+                let q = q.reshape((t, q_width))?;
+                paged_attention_ops(&q, (keys, values), seqs, c.n_heads, self.decode)?
+            }
+        };
         let x = (x + layer.o.forward(&attn)?)?;
 
         let h = rms_norm(&x, &layer.ffn_norm, c.rms_eps)?;
@@ -242,6 +430,10 @@ impl Llama {
             rope_i(x, cos, sin)?
         })
     }
+}
+
+fn tensor_bytes(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
 }
 
 /// cos/sin of `position * theta_i`, `[context_length, rope_dim / 2]`, computed as candle's

@@ -13,12 +13,13 @@ mod dense;
 pub mod gguf;
 pub mod linear;
 pub mod llama;
+mod paged_kernel;
 pub mod tokenizer;
 
-pub use attention::SeqSlice;
+pub use attention::{DecodeAttention, SeqSlice};
 pub use bert::SentenceBert;
 pub use gguf::Gguf;
-pub use llama::{Llama, LlamaConfig};
+pub use llama::{Backend, DeviceWeights, Llama, LlamaConfig};
 
 use crate::kv_cache::BlockId;
 

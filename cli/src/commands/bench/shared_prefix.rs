@@ -124,6 +124,9 @@ struct RunReport {
     /// Blocks copied to the host tier by preemption, and back.
     swaps_out: u64,
     swaps_in: u64,
+    /// Blocks copied between the tiers (host hits and swaps, either way), and their time.
+    copied_blocks: u64,
+    copy_ms: f64,
     requests: usize,
     prompt_tokens: u64,
     /// Prompt tokens served from the prefix cache, by the requests' own usage.
@@ -135,7 +138,7 @@ struct RunReport {
 
 fn print_table(on: &RunReport, off: &RunReport) {
     println!(
-        "{:>12} {:>11} {:>11} {:>14} {:>13} {:>18} {:>18} {:>17}",
+        "{:>12} {:>11} {:>11} {:>14} {:>13} {:>18} {:>18} {:>17} {:>20}",
         "prefix cache",
         "TTFT p50 ms",
         "TTFT p95 ms",
@@ -143,11 +146,12 @@ fn print_table(on: &RunReport, off: &RunReport) {
         "cached tokens",
         "host hits (tokens)",
         "swaps out (blocks)",
-        "swaps in (blocks)"
+        "swaps in (blocks)",
+        "copies (blocks, ms)"
     );
     for r in [on, off] {
         println!(
-            "{:>12} {:>11.1} {:>11.1} {:>14} {:>13} {:>18} {:>18} {:>17}",
+            "{:>12} {:>11.1} {:>11.1} {:>14} {:>13} {:>18} {:>18} {:>17} {:>20}",
             on_off(r.prefix_cache),
             r.ttft_p50_ms,
             r.ttft_p95_ms,
@@ -155,7 +159,8 @@ fn print_table(on: &RunReport, off: &RunReport) {
             r.cached_tokens,
             r.host_hits,
             r.swaps_out,
-            r.swaps_in
+            r.swaps_in,
+            format!("{}, {:.1}", r.copied_blocks, r.copy_ms)
         );
     }
     println!(
@@ -214,6 +219,8 @@ fn run_once(
         host_hits: kv(|s| s.counters.host_hit_tokens),
         swaps_out: kv(|s| s.counters.swapped_out_blocks),
         swaps_in: kv(|s| s.counters.swapped_in_blocks),
+        copied_blocks: after.copied_blocks - before.copied_blocks,
+        copy_ms: (after.copy_nanos - before.copy_nanos) as f64 / 1e6,
         requests: outcomes.len(),
         prompt_tokens: outcomes.iter().map(|o| o.usage.prompt_tokens as u64).sum(),
         cached_tokens: outcomes.iter().map(|o| o.usage.cached_tokens as u64).sum(),
@@ -255,16 +262,19 @@ fn run_session(
 /// The engine's cumulative counters that a run reports the change of.
 struct Counters {
     prefill_tokens: u64,
+    copied_blocks: u64,
+    copy_nanos: u64,
     kv: KvSnapshot,
 }
 
 impl Counters {
     fn read(engine: &EngineHandle) -> Self {
+        use std::sync::atomic::Ordering::Relaxed;
         let stats = engine.stats();
         Self {
-            prefill_tokens: stats
-                .prefill_tokens
-                .load(std::sync::atomic::Ordering::Relaxed),
+            prefill_tokens: stats.prefill_tokens.load(Relaxed),
+            copied_blocks: stats.copied_blocks.load(Relaxed),
+            copy_nanos: stats.copy_nanos.load(Relaxed),
             kv: stats.kv(),
         }
     }

@@ -67,6 +67,9 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// Place a swarm's agents and models on devices within their memory budgets.
     Plan(commands::plan::PlanArgs),
+    /// Check the device path (a GPU's) against the CPU kernels: logits, greedy continuations,
+    /// batch invariance; one JSON report.
+    DeviceCheck(commands::device_check::DeviceCheckArgs),
     /// Print the HTTP API's OpenAPI document (`--write openapi/openapi.json` updates the
     /// committed copy).
     Openapi(commands::openapi::OpenApiArgs),
@@ -97,6 +100,7 @@ fn main() -> Result<()> {
         Command::Generate(args) => commands::generate::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Plan(args) => commands::plan::run(args),
+        Command::DeviceCheck(args) => commands::device_check::run(args),
         Command::Openapi(args) => commands::openapi::run(args),
         Command::Eval(args) => commands::eval::run(args),
         Command::Loadgen(args) => commands::loadgen::run(args),

@@ -1,10 +1,11 @@
 //! `--device`: a GPU that this build or this machine cannot give fails start-up with a message
-//! naming the device, and an exit status of 1, never a panic; before anything listens.
+//! naming the device, and an exit status of 1, never a panic; before anything listens. And
+//! `device-check`, run on the CPU: the device path against the CPU kernels.
 
 use std::process::Command;
 
-/// Runs `swarmgate ARGS` and returns its exit code and standard error.
-fn run(args: &[&str]) -> (Option<i32>, String) {
+/// Runs `swarmgate ARGS` and returns its exit code, standard output and standard error.
+fn run_with_output(args: &[&str]) -> (Option<i32>, String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_swarmgate"))
         .args(args)
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
@@ -12,8 +13,52 @@ fn run(args: &[&str]) -> (Option<i32>, String) {
         .expect("the binary runs");
     (
         output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
+}
+
+/// Runs `swarmgate ARGS` and returns its exit code and standard error.
+fn run(args: &[&str]) -> (Option<i32>, String) {
+    let (code, _, stderr) = run_with_output(args);
+    (code, stderr)
+}
+
+/// The device path on the CPU (candle's quantized matmul, which quantizes activations to 8 bits,
+/// the cache as tensors, the decode kernel's CPU twin) agrees with the CPU kernels as
+/// `device-check` requires, and the report says so with its figures.
+#[test]
+fn the_device_path_on_the_cpu_passes_the_device_check() {
+    let (code, stdout, stderr) = run_with_output(&[
+        "device-check",
+        "--device",
+        "cpu",
+        "--prompts",
+        "4",
+        "--tokens",
+        "12",
+    ]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON object");
+    assert_eq!(report["pass"], true, "{report}");
+    assert_eq!(report["device"], "cpu");
+    assert_eq!(report["prompts"], 4);
+    let figure = |name: &str| {
+        report[name]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{name}: {report}"))
+    };
+    // The kernel and candle's operations differ by summation order only.
+    assert!(figure("kernel_vs_ops_max_logit_diff") < 1e-3, "{report}");
+    for name in [
+        "max_logit_diff",
+        "decode_max_logit_diff",
+        "batch_max_logit_diff",
+    ] {
+        assert!(figure(name) <= figure("tolerance"), "{name}: {report}");
+    }
+    assert!(figure("top1_agreement") > 0.9, "{report}");
+    assert!(figure("greedy_equal") >= 3.0, "{report}");
 }
 
 #[test]

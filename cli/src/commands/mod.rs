@@ -4,6 +4,7 @@
 //! [`stats`] they report, and one set of chat turns.
 
 pub mod bench;
+pub mod device_check;
 pub mod eval;
 pub mod gateway;
 pub mod generate;

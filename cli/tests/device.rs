@@ -84,6 +84,22 @@ fn a_gpu_that_cannot_be_had_fails_start_up_naming_it() {
             &["generate", "--prompt", "Hi", "--device", "cuda"][..],
             "cuda:0",
         ),
+        (
+            &[
+                "serve",
+                "--port",
+                "0",
+                "--grpc-port",
+                "0",
+                "--embedding-device",
+                "cuda:1",
+            ][..],
+            "cuda:1",
+        ),
+        (
+            &["bench", "--concurrency", "1", "--device", "cuda:2"][..],
+            "cuda:2",
+        ),
     ] {
         let (code, stderr) = run(args);
         assert_eq!(code, Some(1), "{args:?}: {stderr}");

@@ -14,7 +14,7 @@
 use std::path::PathBuf;
 
 use crate::model::SentenceBert;
-use crate::{EngineError, Result};
+use crate::{DeviceSpec, EngineError, Result};
 
 /// Sequences in one forward pass (sentence-transformers' default batch size).
 pub const MAX_BATCH: usize = 32;
@@ -43,6 +43,15 @@ pub struct EmbedderConfig {
         env = "SWARMGATE_EMBEDDING_THREADS"
     )]
     pub threads: Option<usize>,
+    /// Where the embedding model runs: `cpu` (our encoder), or `cuda:N` (candle's, on that GPU;
+    /// a build with the `cuda` feature).
+    #[arg(
+        id = "embedding_device",
+        long = "embedding-device",
+        env = "SWARMGATE_EMBEDDING_DEVICE",
+        default_value = "cpu"
+    )]
+    pub device: DeviceSpec,
 }
 
 impl Default for EmbedderConfig {
@@ -50,6 +59,7 @@ impl Default for EmbedderConfig {
         Self {
             model: PathBuf::from(DEFAULT_EMBEDDING_MODEL),
             threads: None,
+            device: DeviceSpec::Cpu,
         }
     }
 }
@@ -88,7 +98,11 @@ impl Embedder {
                 "embedding threads must be positive".into(),
             ));
         }
-        let model = SentenceBert::load(&config.model)?;
+        let device = match config.device {
+            DeviceSpec::Cpu => None,
+            gpu => Some(gpu.open()?),
+        };
+        let model = SentenceBert::load(&config.model, device.as_ref())?;
         let id = config
             .model
             .file_name()
@@ -106,6 +120,7 @@ impl Embedder {
             dimensions = model.dimensions(),
             max_tokens = model.max_tokens(),
             threads,
+            device = %config.device,
             "embedder loaded"
         );
         Ok(Self { id, model, pool })

@@ -1,14 +1,13 @@
 //! Our sentence-embedding forward against candle-transformers' `BertModel` on the real
-//! all-MiniLM-L6-v2: the oracle runs the padded batch with an attention mask, then the same mean
-//! pooling and normalisation as sentence-transformers. Every component must agree within 1e-4,
+//! all-MiniLM-L6-v2: the oracle (the engine's device path for embeddings, run on the CPU) runs
+//! the padded batch with an attention mask, then mean pooling and normalisation as
+//! sentence-transformers does them. Every component must agree within 1e-4,
 //! for inputs alone and in one ragged batch, short and long (truncated), ASCII or not.
 
 use std::path::PathBuf;
 use std::sync::LazyLock;
 
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config};
+use candle_core::Device;
 use engine::model::SentenceBert;
 
 fn model_dir() -> PathBuf {
@@ -23,55 +22,21 @@ fn model_dir() -> PathBuf {
 
 fn ours() -> &'static SentenceBert {
     static MODEL: LazyLock<SentenceBert> =
-        LazyLock::new(|| SentenceBert::load(&model_dir()).expect("the model loads"));
+        LazyLock::new(|| SentenceBert::load(&model_dir(), None).expect("the model loads"));
     &MODEL
 }
 
-fn oracle() -> &'static BertModel {
-    static MODEL: LazyLock<BertModel> = LazyLock::new(|| {
-        let dir = model_dir();
-        let config: Config =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
-                .unwrap();
-        let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
-        let vb = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &Device::Cpu).unwrap();
-        BertModel::load(vb, &config).unwrap()
+/// candle-transformers' `BertModel` on the CPU: the batch padded to its longest member with an
+/// attention mask, masked mean, `F.normalize` (what `--embedding-device` runs on a GPU).
+fn oracle() -> &'static SentenceBert {
+    static MODEL: LazyLock<SentenceBert> = LazyLock::new(|| {
+        SentenceBert::load(&model_dir(), Some(&Device::Cpu)).expect("the model loads")
     });
     &MODEL
 }
 
-/// candle's forward over the batch padded to its longest member, masked mean, `F.normalize`.
 fn oracle_embed(batch: &[&[u32]]) -> Vec<Vec<f32>> {
-    let longest = batch.iter().map(|s| s.len()).max().unwrap();
-    let (mut ids, mut mask) = (Vec::new(), Vec::new());
-    for seq in batch {
-        ids.extend_from_slice(seq);
-        ids.extend(std::iter::repeat_n(0u32, longest - seq.len()));
-        mask.extend(std::iter::repeat_n(1f32, seq.len()));
-        mask.extend(std::iter::repeat_n(0f32, longest - seq.len()));
-    }
-    let shape = (batch.len(), longest);
-    let ids = Tensor::from_vec(ids, shape, &Device::Cpu).unwrap();
-    let mask = Tensor::from_vec(mask, shape, &Device::Cpu).unwrap();
-    let hidden = oracle()
-        .forward(&ids, &ids.zeros_like().unwrap(), Some(&mask))
-        .unwrap();
-    let summed = hidden
-        .broadcast_mul(&mask.unsqueeze(2).unwrap())
-        .unwrap()
-        .sum(1)
-        .unwrap();
-    let mean = summed.broadcast_div(&mask.sum_keepdim(1).unwrap()).unwrap();
-    let norm = mean
-        .sqr()
-        .unwrap()
-        .sum_keepdim(1)
-        .unwrap()
-        .sqrt()
-        .unwrap()
-        .maximum(1e-12)
-        .unwrap();
-    mean.broadcast_div(&norm).unwrap().to_vec2().unwrap()
+    oracle().embed(batch).expect("the oracle embeds")
 }
 
 fn texts() -> Vec<String> {

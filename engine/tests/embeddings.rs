@@ -34,6 +34,7 @@ fn embedder() -> &'static Embedder {
         Embedder::load(&EmbedderConfig {
             model,
             threads: Some(1),
+            ..EmbedderConfig::default()
         })
         .expect("the embedder loads")
     });

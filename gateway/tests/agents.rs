@@ -43,6 +43,7 @@ async fn swarm() -> Swarm {
             Embedder::load(&EmbedderConfig {
                 model: root().join("models/all-MiniLM-L6-v2"),
                 threads: Some(1),
+                ..EmbedderConfig::default()
             })
             .expect("the embedder loads (run `make models`)"),
         )

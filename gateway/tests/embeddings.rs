@@ -55,6 +55,7 @@ fn embeddings() -> Embeddings {
         let embedder = Embedder::load(&EmbedderConfig {
             model,
             threads: Some(1),
+            ..EmbedderConfig::default()
         })
         .expect("the embedder loads");
         Embeddings::new(embedder)

@@ -64,6 +64,7 @@ async fn serve_fails_its_probes_and_exits_when_the_engine_dies() {
         embedding: EmbedderConfig {
             model: "no-embedding-model".into(),
             threads: None,
+            ..EmbedderConfig::default()
         },
         ..ServeConfig::default()
     };

@@ -22,6 +22,7 @@ fn swarm() -> Swarm {
         let embedder = Embedder::load(&EmbedderConfig {
             model: root().join("models/all-MiniLM-L6-v2"),
             threads: Some(1),
+            ..EmbedderConfig::default()
         })
         .expect("the embedder loads (run `make models`)");
         let config = SwarmConfig::load(&root().join("swarm.toml")).unwrap();

@@ -26,6 +26,7 @@ fn embeddings() -> Embeddings {
             Embedder::load(&EmbedderConfig {
                 model,
                 threads: Some(1),
+                ..EmbedderConfig::default()
             })
             .expect("the embedder loads"),
         )

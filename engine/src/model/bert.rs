@@ -13,12 +13,19 @@
 //!   there is no padding to mask;
 //! - a directory whose pooling is not the mean is refused at load, never embedded the wrong way.
 //!
-//! Everything here is blocking CPU work on the calling thread (and, for large products, on the
+//! Everything here is blocking work on the calling thread (and, for large products, on the
 //! rayon pool it runs in); [`crate::embed`] decides on which threads it runs.
+//!
+//! On a device (a GPU, `--embedding-device`) the encoder is candle-transformers' `BertModel`
+//! instead, over the batch padded to its longest member with an attention mask, the pooling
+//! masked to each sequence's tokens; on the CPU that is also the oracle the tests hold
+//! [`BertEncoder`] against.
 
 use std::path::Path;
 
-use candle_transformers::models::bert::Config;
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config};
 use serde::Deserialize;
 use tokenizers::{Tokenizer, TruncationParams};
 
@@ -46,14 +53,23 @@ struct PoolingConfig {
 
 /// The encoder, its tokenizer, and what pooling needs to know.
 pub struct SentenceBert {
-    encoder: BertEncoder,
+    encoder: Encoder,
     tokenizer: Tokenizer,
     max_tokens: usize,
+    hidden: usize,
+}
+
+enum Encoder {
+    /// Ours, on the CPU.
+    Kernels(BertEncoder),
+    /// candle-transformers', on `device`.
+    Candle { model: BertModel, device: Device },
 }
 
 impl SentenceBert {
-    /// Loads the model in `dir`. Blocking: it reads every weight.
-    pub fn load(dir: &Path) -> Result<Self> {
+    /// Loads the model in `dir`, for our CPU encoder (`device` `None`) or for candle's on
+    /// `device`. Blocking: it reads every weight.
+    pub fn load(dir: &Path, device: Option<&Device>) -> Result<Self> {
         let config: Config = read_json(&dir.join("config.json"))?;
         // sentence-transformers' own fallback when the file is absent: the position table's size.
         let max_tokens = match dir.join("sentence_bert_config.json") {
@@ -102,20 +118,31 @@ impl SentenceBert {
                 weights.display()
             ))
         })?;
-        let encoder = BertEncoder::load(&bytes, &config).map_err(|e| match e {
+        let in_file = |e: EngineError| match e {
             EngineError::Model(m) => EngineError::Model(format!("{}: {m}", weights.display())),
             other => other,
-        })?;
+        };
+        let encoder = match device {
+            None => Encoder::Kernels(BertEncoder::load(&bytes, &config).map_err(in_file)?),
+            Some(device) => {
+                let vb = VarBuilder::from_buffered_safetensors(bytes, DType::F32, device)?;
+                Encoder::Candle {
+                    model: BertModel::load(vb, &config).map_err(|e| in_file(e.into()))?,
+                    device: device.clone(),
+                }
+            }
+        };
         Ok(Self {
             encoder,
             tokenizer,
             max_tokens,
+            hidden: config.hidden_size,
         })
     }
 
     /// Length of every embedding.
     pub fn dimensions(&self) -> usize {
-        self.encoder.hidden_size()
+        self.hidden
     }
 
     /// Word pieces an input is truncated to, `[CLS]` and `[SEP]` included.
@@ -140,6 +167,31 @@ impl SentenceBert {
                 "sequence {empty} of the batch has no tokens"
             )));
         }
+        let (model, device) = match &self.encoder {
+            Encoder::Kernels(encoder) => return self.embed_kernels(encoder, batch),
+            Encoder::Candle { model, device } => (model, device),
+        };
+        let longest = batch.iter().map(|s| s.len()).max().unwrap_or(0);
+        let (mut ids, mut mask) = (Vec::new(), Vec::new());
+        for seq in batch {
+            ids.extend_from_slice(seq);
+            ids.extend(std::iter::repeat_n(0u32, longest - seq.len()));
+            mask.extend(std::iter::repeat_n(1f32, seq.len()));
+            mask.extend(std::iter::repeat_n(0f32, longest - seq.len()));
+        }
+        let shape = (batch.len(), longest);
+        let ids = Tensor::from_vec(ids, shape, device)?;
+        let mask = Tensor::from_vec(mask, shape, device)?;
+        let hidden = model.forward(&ids, &ids.zeros_like()?, Some(&mask))?;
+        let summed = hidden.broadcast_mul(&mask.unsqueeze(2)?)?.sum(1)?;
+        let mean = summed.broadcast_div(&mask.sum_keepdim(1)?)?;
+        // torch's `F.normalize`: divide by the norm, or by 1e-12 when it is smaller.
+        let norm = mean.sqr()?.sum_keepdim(1)?.sqrt()?.maximum(1e-12)?;
+        Ok(mean.broadcast_div(&norm)?.to_vec2()?)
+    }
+
+    /// [`Self::embed`] on our encoder: the sequences concatenated, no padding.
+    fn embed_kernels(&self, encoder: &BertEncoder, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
         let tokens: Vec<u32> = batch.concat();
         let mut seqs = Vec::with_capacity(batch.len());
         let mut start = 0;
@@ -147,7 +199,7 @@ impl SentenceBert {
             seqs.push(start..start + seq.len());
             start += seq.len();
         }
-        let hidden = self.encoder.forward(&tokens, &seqs)?;
+        let hidden = encoder.forward(&tokens, &seqs)?;
         let h = self.dimensions();
         Ok(seqs
             .iter()

@@ -180,10 +180,6 @@ impl BertEncoder {
         })
     }
 
-    pub fn hidden_size(&self) -> usize {
-        self.hidden
-    }
-
     /// The last hidden states, `[tokens, hidden]` row-major, of the sequences `tokens[seqs[i]]`;
     /// `seqs` must tile `tokens` in order.
     pub fn forward(&self, tokens: &[u32], seqs: &[Range<usize>]) -> Result<Vec<f32>> {

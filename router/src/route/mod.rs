@@ -96,6 +96,7 @@ pub(crate) mod test_support {
                 let config = EmbedderConfig {
                     model,
                     threads: Some(2),
+                    ..EmbedderConfig::default()
                 };
                 Arc::new(Embedder::load(&config).expect("run `make models` first"))
             })

@@ -26,6 +26,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use candle_core::D;
 use rayon::prelude::*;
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc::Sender;
@@ -198,6 +199,13 @@ struct PromptLogprobs {
     top: usize,
     /// Entry `i` scores prompt token `i + 1`, from the logits at position `i`.
     entries: Vec<TokenLogprob>,
+}
+
+/// What a forward brings back from the device: every logits row, or only the tokens a plain
+/// greedy choice made there.
+enum StepOutput {
+    Rows(Vec<Vec<f32>>),
+    Tokens(Vec<u32>),
 }
 
 /// Everything the engine loop is built from.
@@ -473,14 +481,23 @@ impl EngineLoop {
                 logits_of(item),
             );
         }
+        // On a device, rows that would only be argmaxed are argmaxed there: the token ids come
+        // back instead of vocabulary-wide rows.
+        let greedy = self.storage.device().is_some() && self.plain_greedy(plan);
         let started = Instant::now();
-        let logits = self
-            .model
-            .forward(&batch, &mut self.storage)
-            .and_then(|l| Ok(l.to_vec2::<f32>()?));
+        let output = self.model.forward(&batch, &mut self.storage).and_then(|l| {
+            Ok(match greedy {
+                true => StepOutput::Tokens(l.argmax(D::Minus1)?.to_vec1::<u32>()?),
+                false => StepOutput::Rows(l.to_vec2::<f32>()?),
+            })
+        });
         let elapsed = started.elapsed().as_nanos() as u64;
-        let logits = match logits {
-            Ok(l) => l,
+        let logits = match output {
+            Ok(StepOutput::Rows(rows)) => rows,
+            Ok(StepOutput::Tokens(tokens)) => {
+                self.count_step(plan, elapsed);
+                return self.on_greedy_tokens(plan, tokens);
+            }
             Err(e) => {
                 tracing::error!(error = %e, "forward pass failed");
                 for item in &plan.items {
@@ -493,18 +510,7 @@ impl EngineLoop {
                 return;
             }
         };
-        self.scheduler.commit(plan);
-        // Counted before any event goes out, so whoever reads an answer sees its step counted.
-        let decode = plan.items.iter().filter(|i| i.decode).count() as u64;
-        let prefill = plan.num_prefill_tokens() as u64;
-        let prefill_nanos = elapsed * prefill / (prefill + decode).max(1);
-        let s = &self.stats;
-        s.steps.fetch_add(1, Ordering::Relaxed);
-        s.decode_tokens.fetch_add(decode, Ordering::Relaxed);
-        s.prefill_tokens.fetch_add(prefill, Ordering::Relaxed);
-        s.prefill_nanos.fetch_add(prefill_nanos, Ordering::Relaxed);
-        s.decode_nanos
-            .fetch_add(elapsed - prefill_nanos, Ordering::Relaxed);
+        self.count_step(plan, elapsed);
         let mut logits = logits.into_iter();
         let mut to_sample = Vec::new();
         for item in &plan.items {
@@ -549,6 +555,45 @@ impl EngineLoop {
                         Some("internal error in the sampler"),
                     );
                 }
+            }
+        }
+    }
+
+    /// Commits a step that ran, and counts it before any event goes out, so that whoever reads an
+    /// answer sees its step counted.
+    fn count_step(&mut self, plan: &StepPlan, elapsed: u64) {
+        self.scheduler.commit(plan);
+        let decode = plan.items.iter().filter(|i| i.decode).count() as u64;
+        let prefill = plan.num_prefill_tokens() as u64;
+        let prefill_nanos = elapsed * prefill / (prefill + decode).max(1);
+        let s = &self.stats;
+        s.steps.fetch_add(1, Ordering::Relaxed);
+        s.decode_tokens.fetch_add(decode, Ordering::Relaxed);
+        s.prefill_tokens.fetch_add(prefill, Ordering::Relaxed);
+        s.prefill_nanos.fetch_add(prefill_nanos, Ordering::Relaxed);
+        s.decode_nanos
+            .fetch_add(elapsed - prefill_nanos, Ordering::Relaxed);
+    }
+
+    /// Whether every logits row of `plan` is one a plain greedy sampler takes the argmax of.
+    fn plain_greedy(&self, plan: &StepPlan) -> bool {
+        plan.items.iter().all(|item| {
+            !item.prompt_logprobs
+                && (!item.sample
+                    || self
+                        .outputs
+                        .get(&item.id)
+                        .is_none_or(|out| out.sampler.is_plain_greedy()))
+        })
+    }
+
+    /// Applies the tokens chosen on the device, one per sampled item in plan order.
+    fn on_greedy_tokens(&mut self, plan: &StepPlan, tokens: Vec<u32>) {
+        let sampled = plan.items.iter().filter(|item| item.sample);
+        for (item, token) in sampled.zip(tokens) {
+            if let Some(out) = self.outputs.get_mut(&item.id) {
+                let sampled = out.sampler.record(token);
+                self.on_sampled(item.id, sampled);
             }
         }
     }

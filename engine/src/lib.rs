@@ -280,6 +280,14 @@ impl EngineHandle {
                 weights: config.gpu_weights,
             },
         };
+        Self::start_on(config, backend)
+    }
+
+    /// [`Self::start`] with the model on `backend`, whatever `config.device` says: how the
+    /// tests run the device path (its cache as tensors, its greedy choice on the device) on the
+    /// CPU.
+    pub fn start_on(config: &EngineConfig, backend: Backend) -> Result<Self> {
+        config.validate().map_err(EngineError::InvalidRequest)?;
         let mut gguf = Gguf::open(&config.model)?;
         let llama = Llama::load(&mut gguf, &backend)?;
         let layout = llama.config().kv_layout(config.block_size);

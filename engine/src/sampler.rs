@@ -112,6 +112,30 @@ impl Sampler {
         self.constraint_error.as_ref()
     }
 
+    /// Whether [`Sampler::sample`] would take the raw logits' argmax and report nothing besides:
+    /// greedy, no penalty, no grammar, no log-probabilities. Such a choice can be made where the
+    /// logits are (a GPU), and only the token brought back to [`Sampler::record`].
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature < GREEDY_BELOW
+            && p.repetition_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && self.constraint.is_none()
+            && self.top_logprobs.is_none()
+            && self.score_tokens.is_empty()
+    }
+
+    /// Records `token`, chosen elsewhere as a plain greedy [`Sampler::sample`] would have chosen
+    /// it, as generated.
+    pub fn record(&mut self, token: u32) -> Sampled {
+        *self.output_counts.entry(token).or_insert(0) += 1;
+        Sampled {
+            token,
+            logprob: None,
+        }
+    }
+
     /// Picks the next token from `logits` (overwritten as scratch) and records it as generated.
     pub fn sample(&mut self, logits: &mut [f32]) -> Sampled {
         #[cfg(any(test, feature = "fault-injection"))]

@@ -8,7 +8,7 @@
 //! (a GPU), candle's quantized matmul and [`paged_attention_ops`] over a cache of device tensors.
 
 use candle_core::quantized::{ggml_file::qtensor_from_ggml, QMatMul, QTensor};
-use candle_core::{Device, Module, Tensor, D};
+use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::ops::rms_norm;
 use candle_nn::rotary_emb::{rope, rope_i};
 
@@ -133,7 +133,7 @@ impl Proj {
             }
             Self::Quantized(q) => q
                 .embedding(&Tensor::new(ids, device)?)?
-                .to_dtype(candle_core::DType::F32)?,
+                .to_dtype(DType::F32)?,
         })
     }
 }
@@ -368,6 +368,10 @@ impl Llama {
         let sin = self.sin.index_select(&positions, 0)?.unsqueeze(1)?;
         for (i, layer) in self.layers.iter().enumerate() {
             x = self.layer_forward(layer, i, &x, (&cos, &sin), (&batch.seqs, &slots), kv)?;
+        }
+        if batch.logits_rows.is_empty() {
+            // A prefill chunk short of its prompt's end: no row to run the head on.
+            return Ok(Tensor::zeros((0, c.vocab_size), DType::F32, &self.device)?);
         }
         let rows = Tensor::new(batch.logits_rows.as_slice(), &self.device)?;
         let x = rms_norm(&x.index_select(&rows, 0)?, &self.norm, c.rms_eps)?;

@@ -210,17 +210,14 @@ impl KvStorage {
     /// Runs a step's copies between the tiers, in the order given.
     pub fn run_copies(&mut self, copies: &[CopyOp], host: &mut HostStore) -> Result<()> {
         let be = self.layout.block_elems();
-        let l = self.layout;
-        let block_shape = (1, l.n_kv_heads, l.block_size, l.head_dim);
-        for &copy in copies {
-            for layer in 0..l.num_layers {
-                match &mut self.memory {
-                    Memory::Arrays { keys, values } => {
-                        for (side, device) in [&mut keys[layer], &mut values[layer]]
-                            .into_iter()
-                            .enumerate()
-                        {
-                            let blocks = |b: BlockId| b.index() * be..(b.index() + 1) * be;
+        let layers = self.layout.num_layers;
+        match &mut self.memory {
+            Memory::Arrays { keys, values } => {
+                let blocks = |b: BlockId| b.index() * be..(b.index() + 1) * be;
+                for &copy in copies {
+                    for layer in 0..layers {
+                        let sides = [&mut keys[layer], &mut values[layer]];
+                        for (side, device) in sides.into_iter().enumerate() {
                             match copy {
                                 CopyOp::ToHost { block, slot } => host
                                     .part_mut(slot, layer, side)
@@ -230,26 +227,17 @@ impl KvStorage {
                             }
                         }
                     }
-                    Memory::Tensors { keys, values } => {
+                }
+            }
+            // Consecutive copies the same way go together: one transfer per layer and side.
+            Memory::Tensors { keys, values } => {
+                let to_host = |c: &CopyOp| matches!(c, CopyOp::ToHost { .. });
+                for run in copies.chunk_by(|a, b| to_host(a) == to_host(b)) {
+                    let index = run_index(run, be, keys[0].device())?;
+                    for layer in 0..layers {
                         for (side, device) in [&keys[layer], &values[layer]].into_iter().enumerate()
                         {
-                            match copy {
-                                CopyOp::ToHost { block, slot } => {
-                                    let data = device
-                                        .narrow(0, block.index(), 1)?
-                                        .flatten_all()?
-                                        .to_vec1::<f32>()?;
-                                    host.part_mut(slot, layer, side).copy_from_slice(&data);
-                                }
-                                CopyOp::ToDevice { slot, block } => {
-                                    let data = Tensor::from_slice(
-                                        host.part(slot, layer, side),
-                                        block_shape,
-                                        device.device(),
-                                    )?;
-                                    device.slice_set(&data, 0, block.index())?;
-                                }
-                            }
+                            copy_blocks(run, &index, device, host, (layer, side))?;
                         }
                     }
                 }
@@ -274,6 +262,55 @@ impl KvStorage {
         let row = |x: &[f32]| Tensor::from_slice(x, (1, x.len()), &device);
         self.write(layer, &slots, &row(k)?, &row(v)?)
     }
+}
+
+/// The blocks a run of copies all one way reads or writes, as the device's index: their ids to
+/// gather (to the host), or each id repeated across a block's row to scatter (to the device).
+fn run_index(run: &[CopyOp], be: usize, device: &Device) -> Result<Tensor> {
+    let blocks = run.iter().map(|c| match *c {
+        CopyOp::ToHost { block, .. } | CopyOp::ToDevice { block, .. } => block.index() as u32,
+    });
+    Ok(match run[0] {
+        CopyOp::ToHost { .. } => Tensor::from_iter(blocks, device)?,
+        CopyOp::ToDevice { .. } => {
+            let index = blocks.flat_map(|b| std::iter::repeat_n(b, be)).collect();
+            Tensor::from_vec(index, (run.len(), be), device)?
+        }
+    })
+}
+
+/// Copies `run` (copies all one way, `index` from [`run_index`]) between one side of one layer
+/// of a cache held as tensors, seen as rows of one block each, and the host tier: one transfer.
+fn copy_blocks(
+    run: &[CopyOp],
+    index: &Tensor,
+    cache: &Tensor,
+    host: &mut HostStore,
+    (layer, side): (usize, usize),
+) -> Result<()> {
+    let be = host.layout.block_elems();
+    let rows = cache.reshape((cache.dim(0)?, be))?;
+    if let CopyOp::ToHost { .. } = run[0] {
+        let data = rows
+            .index_select(index, 0)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        for (copy, data) in run.iter().zip(data.chunks_exact(be)) {
+            if let CopyOp::ToHost { slot, .. } = *copy {
+                host.part_mut(slot, layer, side).copy_from_slice(data);
+            }
+        }
+        return Ok(());
+    }
+    let mut data = Vec::with_capacity(run.len() * be);
+    for copy in run {
+        if let CopyOp::ToDevice { slot, .. } = *copy {
+            data.extend_from_slice(host.part(slot, layer, side));
+        }
+    }
+    let data = Tensor::from_vec(data, (run.len(), be), cache.device())?;
+    rows.scatter_set(index, &data, 0)?;
+    Ok(())
 }
 
 /// Stores one token's keys and values into a layer held as arrays.
@@ -350,8 +387,9 @@ mod tests {
         }
     }
 
-    /// Tokens written land at their block's offsets, and a block sent to the host and back into
-    /// another block arrives whole, for arrays and for tensors alike (the same layout).
+    /// Tokens written land at their block's offsets, and blocks sent to the host and back into
+    /// other blocks (two at a time each way) arrive whole, for arrays and for tensors alike (the
+    /// same layout).
     #[test]
     fn blocks_round_trip_through_the_host() {
         let layout = KvLayout {
@@ -361,39 +399,52 @@ mod tests {
             head_dim: 4,
         };
         let width = layout.n_kv_heads * layout.head_dim;
-        let k: Vec<f32> = (0..width).map(|i| i as f32 + 1.0).collect();
-        let v: Vec<f32> = (0..width).map(|i| -(i as f32) - 1.0).collect();
+        let token = |seed: f32| -> (Vec<f32>, Vec<f32>) {
+            let k = (0..width).map(|i| seed + i as f32).collect();
+            let v = (0..width).map(|i| -seed - i as f32).collect();
+            (k, v)
+        };
+        // (block, slot) written, and the block its copy lands in.
+        let written = [((1, 1), 2, token(1.0)), ((0, 0), 3, token(100.0))];
         for mut kv in [
-            KvStorage::new(layout, 3),
-            KvStorage::on_device(layout, 3, &Device::Cpu).unwrap(),
+            KvStorage::new(layout, 4),
+            KvStorage::on_device(layout, 4, &Device::Cpu).unwrap(),
         ] {
             let mut host = HostStore::new(layout, 2);
             for layer in 0..2 {
-                kv.write_token(layer, BlockId(1), 1, &k, &v).unwrap();
+                for ((block, slot), _, (k, v)) in &written {
+                    kv.write_token(layer, BlockId(*block), *slot, k, v).unwrap();
+                }
             }
+            let to_host = |b: u32, s: u32| CopyOp::ToHost {
+                block: BlockId(b),
+                slot: HostSlot(s),
+            };
+            let to_device = |s: u32, b: u32| CopyOp::ToDevice {
+                slot: HostSlot(s),
+                block: BlockId(b),
+            };
             let copies = [
-                CopyOp::ToHost {
-                    block: BlockId(1),
-                    slot: HostSlot(1),
-                },
-                CopyOp::ToDevice {
-                    slot: HostSlot(1),
-                    block: BlockId(2),
-                },
+                to_host(1, 1),
+                to_host(0, 0),
+                to_device(1, 2),
+                to_device(0, 3),
             ];
             kv.run_copies(&copies, &mut host).unwrap();
             for layer in 0..2 {
                 let (keys, values) = read(&kv, layer);
-                for block in [1, 2] {
-                    for head in 0..layout.n_kv_heads {
-                        let at = layout.offset(BlockId(block), head, 1);
-                        let hd = head * layout.head_dim..(head + 1) * layout.head_dim;
-                        assert_eq!(keys[at..at + layout.head_dim], k[hd.clone()]);
-                        assert_eq!(values[at..at + layout.head_dim], v[hd]);
+                for ((block, slot), copy, (k, v)) in &written {
+                    for block in [*block, *copy] {
+                        for head in 0..layout.n_kv_heads {
+                            let at = layout.offset(BlockId(block), head, *slot);
+                            let hd = head * layout.head_dim..(head + 1) * layout.head_dim;
+                            assert_eq!(keys[at..at + layout.head_dim], k[hd.clone()]);
+                            assert_eq!(values[at..at + layout.head_dim], v[hd]);
+                        }
                     }
                 }
-                let written = keys.iter().filter(|x| **x != 0.0).count();
-                assert_eq!(written, 2 * width, "nothing else was written");
+                let nonzero = keys.iter().filter(|x| **x != 0.0).count();
+                assert_eq!(nonzero, 4 * width, "nothing else was written");
             }
         }
     }

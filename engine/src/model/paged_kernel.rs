@@ -166,7 +166,7 @@ impl CustomOp3 for PagedDecode {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CudaStorage, Layout, Shape};
 
@@ -175,6 +175,14 @@ mod cuda {
     const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
 
     type Input<'a> = (&'a CudaStorage, &'a Layout);
+
+    /// The contiguous f32 data of a device storage, from its layout's offset.
+    fn view<'a>(s: &'a CudaStorage, l: &Layout) -> candle_core::Result<CudaView<'a, f32>> {
+        let Some((start, end)) = l.contiguous_offsets() else {
+            candle_core::bail!("paged decode: inputs must be contiguous");
+        };
+        Ok(s.as_cuda_slice::<f32>()?.slice(start..end))
+    }
 
     pub(super) fn forward(
         op: &PagedDecode,
@@ -186,12 +194,6 @@ mod cuda {
         if !kernel_fits(d.head_dim) {
             candle_core::bail!("paged decode: head dimension {} unsupported", d.head_dim);
         }
-        let view = |s: &'_ CudaStorage, l: &Layout| -> candle_core::Result<_> {
-            let Some((start, end)) = l.contiguous_offsets() else {
-                candle_core::bail!("paged decode: inputs must be contiguous");
-            };
-            Ok(s.as_cuda_slice::<f32>()?.slice(start..end))
-        };
         let (qv, kv, vv) = (view(q, ql)?, view(k, kl)?, view(v, vl)?);
         let dev = &q.device;
         let tables = dev.clone_htod(&op.tables)?;

@@ -34,15 +34,15 @@ fn the_device_path_on_the_cpu_passes_the_device_check() {
         "--device",
         "cpu",
         "--prompts",
-        "4",
+        "3",
         "--tokens",
-        "12",
+        "10",
     ]);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     let report: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON object");
     assert_eq!(report["pass"], true, "{report}");
     assert_eq!(report["device"], "cpu");
-    assert_eq!(report["prompts"], 4);
+    assert_eq!(report["prompts"], 3);
     let figure = |name: &str| {
         report[name]
             .as_f64()

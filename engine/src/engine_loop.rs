@@ -575,16 +575,17 @@ impl EngineLoop {
             .fetch_add(elapsed - prefill_nanos, Ordering::Relaxed);
     }
 
-    /// Whether every logits row of `plan` is one a plain greedy sampler takes the argmax of.
+    /// Whether `plan` has logits rows, and every one is a plain greedy sampler's to argmax.
     fn plain_greedy(&self, plan: &StepPlan) -> bool {
-        plan.items.iter().all(|item| {
-            !item.prompt_logprobs
-                && (!item.sample
-                    || self
-                        .outputs
-                        .get(&item.id)
-                        .is_none_or(|out| out.sampler.is_plain_greedy()))
-        })
+        plan.items.iter().any(|item| item.sample)
+            && plan.items.iter().all(|item| {
+                !item.prompt_logprobs
+                    && (!item.sample
+                        || self
+                            .outputs
+                            .get(&item.id)
+                            .is_none_or(|out| out.sampler.is_plain_greedy()))
+            })
     }
 
     /// Applies the tokens chosen on the device, one per sampled item in plan order.

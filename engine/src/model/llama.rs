@@ -370,8 +370,9 @@ impl Llama {
             x = self.layer_forward(layer, i, &x, (&cos, &sin), (&batch.seqs, &slots), kv)?;
         }
         if batch.logits_rows.is_empty() {
-            // A prefill chunk short of its prompt's end: no row to run the head on.
-            return Ok(Tensor::zeros((0, c.vocab_size), DType::F32, &self.device)?);
+            // Prefill chunks short of their prompts' ends: no row to run the head on. (On the
+            // CPU: a device may refuse an allocation of nothing.)
+            return Ok(Tensor::zeros((0, c.vocab_size), DType::F32, &Device::Cpu)?);
         }
         let rows = Tensor::new(batch.logits_rows.as_slice(), &self.device)?;
         let x = rms_norm(&x.index_select(&rows, 0)?, &self.norm, c.rms_eps)?;

@@ -86,9 +86,18 @@ pub fn memory(device: &Device) -> Result<Option<(usize, usize)>> {
     }
 }
 
+/// The GPU with one compute stream of its own, which every thread's operations queue on (the
+/// model loads on one thread and runs on another), and no per-use event tracking: with one
+/// compute stream nothing needs it, and the KV transfers' copy stream orders itself against that
+/// stream with events of its own (`kv_cache::transfer`).
 #[cfg(feature = "cuda")]
 fn cuda(ordinal: usize) -> Result<Device> {
-    Device::new_cuda(ordinal).map_err(|e| EngineError::Device(format!("cuda:{ordinal}: {e}")))
+    let gpu = candle_core::CudaDevice::new_with_stream(ordinal)
+        .map_err(|e| EngineError::Device(format!("cuda:{ordinal}: {e}")))?;
+    // SAFETY: called before any tensor exists on this device; every operation on it runs on
+    // its one stream, except the KV transfers, which synchronise by events.
+    unsafe { gpu.disable_event_tracking() };
+    Ok(Device::Cuda(gpu))
 }
 
 #[cfg(not(feature = "cuda"))]

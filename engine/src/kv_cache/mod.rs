@@ -6,13 +6,16 @@
 //! - [`prefix`]: content addresses of full blocks, chained over the whole prefix;
 //! - [`manager`]: the policy over both (prefix reuse, eviction to the host, swapping) and the
 //!   per-sequence [`BlockTable`], which frees its blocks when dropped;
-//! - [`storage`]: the memory itself, and the copies between the tiers.
+//! - [`storage`]: the memory itself, and the copies between the tiers;
+//! - [`transfer`]: the transfers behind those copies for a cache held as tensors (on a GPU,
+//!   asynchronous, on a copy stream of their own).
 
 pub mod block_pool;
 pub mod host_tier;
 pub mod manager;
 pub mod prefix;
 pub mod storage;
+mod transfer;
 
 pub use block_pool::BlockId;
 pub use host_tier::HostSlot;

@@ -16,6 +16,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::transfer::{Copier, Download, Upload, MAX_TRANSFER_BYTES};
 use super::{BlockId, CopyOp, HostSlot};
 use crate::Result;
 
@@ -62,10 +63,37 @@ enum Memory {
         keys: Vec<Vec<f32>>,
         values: Vec<Vec<f32>>,
     },
-    Tensors {
-        keys: Vec<Tensor>,
-        values: Vec<Tensor>,
-    },
+    Tensors(DeviceCache),
+}
+
+/// The device tier as tensors, and the runs of blocks moving between it and the host tier.
+///
+/// A run going to the host is gathered on the device when its copies run (so the step's writes,
+/// queued after, cannot change it), and lands in its host slots when the next copies run (the
+/// transfer meanwhile overlapping the step) or before a run reads host slots. A run coming back
+/// is scattered into each layer when the step first writes that layer, so that the transfer of
+/// the later layers overlaps the compute of the earlier ones; copies that read device blocks
+/// first land every run still on its way in.
+struct DeviceCache {
+    keys: Vec<Tensor>,
+    values: Vec<Tensor>,
+    copier: Copier,
+    outbound: Vec<Outbound>,
+    inbound: Vec<Inbound>,
+}
+
+/// Blocks gathered for the host, `[layers, 2 (keys, values), blocks, block_elems]`.
+struct Outbound {
+    slots: Vec<HostSlot>,
+    download: Download,
+}
+
+/// Blocks coming back: their scatter index ([`run_index`]), their values `[layers, 2 *
+/// blocks, block_elems]` (keys, then values), and the layers already scattered.
+struct Inbound {
+    index: Tensor,
+    upload: Upload,
+    landed: Vec<bool>,
 }
 
 /// One layer of the cache, as attention reads it.
@@ -120,10 +148,13 @@ impl KvStorage {
         Ok(Self {
             layout,
             num_blocks,
-            memory: Memory::Tensors {
+            memory: Memory::Tensors(DeviceCache {
                 keys: alloc()?,
                 values: alloc()?,
-            },
+                copier: Copier::for_device(device)?,
+                outbound: Vec::new(),
+                inbound: Vec::new(),
+            }),
         })
     }
 
@@ -139,27 +170,28 @@ impl KvStorage {
     pub fn device(&self) -> Option<&Device> {
         match &self.memory {
             Memory::Arrays { .. } => None,
-            Memory::Tensors { keys, .. } => keys.first().map(Tensor::device),
+            Memory::Tensors(cache) => cache.keys.first().map(Tensor::device),
         }
     }
 
-    /// Keys and values of one layer.
+    /// Keys and values of one layer, as the step has written them (a layer is read after the
+    /// step's [`KvStorage::write`] to it, which lands what was on its way there).
     pub fn layer(&self, layer: usize) -> LayerKv<'_> {
         match &self.memory {
             Memory::Arrays { keys, values } => LayerKv::Arrays {
                 keys: &keys[layer],
                 values: &values[layer],
             },
-            Memory::Tensors { keys, values } => LayerKv::Tensors {
-                keys: &keys[layer],
-                values: &values[layer],
+            Memory::Tensors(cache) => LayerKv::Tensors {
+                keys: &cache.keys[layer],
+                values: &cache.values[layer],
             },
         }
     }
 
     /// Prepares the writes of a batch whose token `i` goes to `places[i]`, once for every layer.
     pub fn slots(&self, places: Vec<(BlockId, usize)>) -> Result<Slots> {
-        let Memory::Tensors { keys, .. } = &self.memory else {
+        let Memory::Tensors(DeviceCache { keys, .. }) = &self.memory else {
             return Ok(Slots::Places(places));
         };
         let l = &self.layout;
@@ -191,9 +223,10 @@ impl KvStorage {
                     store_token(&l, layer, place, &k[span.clone()], &v[span]);
                 }
             }
-            (Memory::Tensors { keys, values }, Slots::Rows(rows)) => {
+            (Memory::Tensors(cache), Slots::Rows(rows)) => {
+                cache.land(layer)?;
                 let flat = (self.num_blocks * l.n_kv_heads * l.block_size, l.head_dim);
-                for (cache, new) in [(&keys[layer], k), (&values[layer], v)] {
+                for (cache, new) in [(&cache.keys[layer], k), (&cache.values[layer], v)] {
                     let new = new.contiguous()?.reshape(rows.shape())?;
                     cache.reshape(flat)?.scatter_set(rows, &new, 0)?;
                 }
@@ -230,20 +263,33 @@ impl KvStorage {
                 }
             }
             // Consecutive copies the same way go together: one transfer per layer and side.
-            Memory::Tensors { keys, values } => {
+            Memory::Tensors(cache) => {
+                cache.settle(host)?;
                 let to_host = |c: &CopyOp| matches!(c, CopyOp::ToHost { .. });
+                let per_transfer = (MAX_TRANSFER_BYTES / self.layout.bytes_per_block()).max(1);
                 for run in copies.chunk_by(|a, b| to_host(a) == to_host(b)) {
-                    let index = run_index(run, be, keys[0].device())?;
-                    for layer in 0..layers {
-                        for (side, device) in [&keys[layer], &values[layer]].into_iter().enumerate()
-                        {
-                            copy_blocks(run, &index, device, host, (layer, side))?;
+                    for part in run.chunks(per_transfer) {
+                        if to_host(&part[0]) {
+                            cache.land_all()?;
+                            cache.send(part, be)?;
+                        } else {
+                            cache.finish_outbound(host)?;
+                            cache.receive(part, host)?;
                         }
                     }
                 }
             }
         }
         Ok(())
+    }
+
+    /// Completes every transfer under way, so that both tiers hold what the copies run so far
+    /// put there.
+    pub fn settle(&mut self, host: &mut HostStore) -> Result<()> {
+        match &mut self.memory {
+            Memory::Arrays { .. } => Ok(()),
+            Memory::Tensors(cache) => cache.settle(host),
+        }
     }
 
     /// Stores the keys and values of one token (`[n_kv_heads * head_dim]` each) at `slot` of
@@ -279,38 +325,111 @@ fn run_index(run: &[CopyOp], be: usize, device: &Device) -> Result<Tensor> {
     })
 }
 
-/// Copies `run` (copies all one way, `index` from [`run_index`]) between one side of one layer
-/// of a cache held as tensors, seen as rows of one block each, and the host tier: one transfer.
-fn copy_blocks(
-    run: &[CopyOp],
-    index: &Tensor,
-    cache: &Tensor,
-    host: &mut HostStore,
-    (layer, side): (usize, usize),
-) -> Result<()> {
-    let be = host.layout.block_elems();
-    let rows = cache.reshape((cache.dim(0)?, be))?;
-    if let CopyOp::ToHost { .. } = run[0] {
-        let data = rows
-            .index_select(index, 0)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        for (copy, data) in run.iter().zip(data.chunks_exact(be)) {
-            if let CopyOp::ToHost { slot, .. } = *copy {
-                host.part_mut(slot, layer, side).copy_from_slice(data);
+impl DeviceCache {
+    fn num_layers(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Gathers the blocks of `run` (all to the host) and starts their transfer.
+    fn send(&mut self, run: &[CopyOp], be: usize) -> Result<()> {
+        let index = run_index(run, be, self.keys[0].device())?;
+        let mut parts = Vec::with_capacity(2 * self.num_layers());
+        for (keys, values) in self.keys.iter().zip(&self.values) {
+            for cache in [keys, values] {
+                let rows = cache.reshape((cache.dim(0)?, be))?;
+                parts.push(rows.index_select(&index, 0)?);
             }
         }
-        return Ok(());
+        let download = self.copier.download(Tensor::stack(&parts, 0)?)?;
+        let slots = run
+            .iter()
+            .filter_map(|c| match *c {
+                CopyOp::ToHost { slot, .. } => Some(slot),
+                CopyOp::ToDevice { .. } => None,
+            })
+            .collect();
+        self.outbound.push(Outbound { slots, download });
+        Ok(())
     }
-    let mut data = Vec::with_capacity(run.len() * be);
-    for copy in run {
-        if let CopyOp::ToDevice { slot, .. } = *copy {
-            data.extend_from_slice(host.part(slot, layer, side));
+
+    /// Lands every run gathered for the host in its slots.
+    fn finish_outbound(&mut self, host: &mut HostStore) -> Result<()> {
+        let be = host.layout.block_elems();
+        for Outbound { slots, download } in self.outbound.drain(..) {
+            let n = slots.len();
+            self.copier.finish(download, |data| {
+                for (i, &slot) in slots.iter().enumerate() {
+                    for (layer, side) in (0..host.layout.num_layers).flat_map(|l| [(l, 0), (l, 1)])
+                    {
+                        let at = ((layer * 2 + side) * n + i) * be;
+                        host.part_mut(slot, layer, side)
+                            .copy_from_slice(&data[at..at + be]);
+                    }
+                }
+            })?;
         }
+        Ok(())
     }
-    let data = Tensor::from_vec(data, (run.len(), be), cache.device())?;
-    rows.scatter_set(index, &data, 0)?;
-    Ok(())
+
+    /// Starts the transfer of the host slots of `run` (all to the device).
+    fn receive(&mut self, run: &[CopyOp], host: &HostStore) -> Result<()> {
+        let be = host.layout.block_elems();
+        let device = self.keys[0].device().clone();
+        let index = run_index(run, be, &device)?;
+        let slots: Vec<HostSlot> = run
+            .iter()
+            .filter_map(|c| match *c {
+                CopyOp::ToDevice { slot, .. } => Some(slot),
+                CopyOp::ToHost { .. } => None,
+            })
+            .collect();
+        let (layers, n) = (self.num_layers(), slots.len());
+        let upload = self.copier.upload(&device, (layers, 2 * n, be), |data| {
+            for (i, &slot) in slots.iter().enumerate() {
+                for (layer, side) in (0..layers).flat_map(|l| [(l, 0), (l, 1)]) {
+                    let at = ((layer * 2 + side) * n + i) * be;
+                    data[at..at + be].copy_from_slice(host.part(slot, layer, side));
+                }
+            }
+        })?;
+        self.inbound.push(Inbound {
+            index,
+            upload,
+            landed: vec![false; layers],
+        });
+        Ok(())
+    }
+
+    /// Scatters into `layer` what is on its way there.
+    fn land(&mut self, layer: usize) -> Result<()> {
+        for inbound in &mut self.inbound {
+            if inbound.landed[layer] {
+                continue;
+            }
+            self.copier.arrived(&inbound.upload, layer)?;
+            let data = inbound.upload.data.get(layer)?;
+            let n = inbound.index.dim(0)?;
+            for (side, cache) in [&self.keys[layer], &self.values[layer]]
+                .into_iter()
+                .enumerate()
+            {
+                let rows = cache.reshape((cache.dim(0)?, data.dim(1)?))?;
+                rows.scatter_set(&inbound.index, &data.narrow(0, side * n, n)?, 0)?;
+            }
+            inbound.landed[layer] = true;
+        }
+        self.inbound.retain(|i| !i.landed.iter().all(|&l| l));
+        Ok(())
+    }
+
+    fn land_all(&mut self) -> Result<()> {
+        (0..self.num_layers()).try_for_each(|layer| self.land(layer))
+    }
+
+    fn settle(&mut self, host: &mut HostStore) -> Result<()> {
+        self.land_all()?;
+        self.finish_outbound(host)
+    }
 }
 
 /// Stores one token's keys and values into a layer held as arrays.
@@ -389,7 +508,9 @@ mod tests {
 
     /// Tokens written land at their block's offsets, and blocks sent to the host and back into
     /// other blocks (two at a time each way) arrive whole, for arrays and for tensors alike (the
-    /// same layout).
+    /// same layout); copies keep their order whatever is still in flight: a block swapped in and
+    /// out again within one step's copies, a host slot reused at once, a token written into a
+    /// block on its way in.
     #[test]
     fn blocks_round_trip_through_the_host() {
         let layout = KvLayout {
@@ -399,31 +520,51 @@ mod tests {
             head_dim: 4,
         };
         let width = layout.n_kv_heads * layout.head_dim;
-        let token = |seed: f32| -> (Vec<f32>, Vec<f32>) {
+        type Token = (Vec<f32>, Vec<f32>);
+        let token = |seed: f32| -> Token {
             let k = (0..width).map(|i| seed + i as f32).collect();
             let v = (0..width).map(|i| -seed - i as f32).collect();
             (k, v)
         };
-        // (block, slot) written, and the block its copy lands in.
-        let written = [((1, 1), 2, token(1.0)), ((0, 0), 3, token(100.0))];
+        let to_host = |b: u32, s: u32| CopyOp::ToHost {
+            block: BlockId(b),
+            slot: HostSlot(s),
+        };
+        let to_device = |s: u32, b: u32| CopyOp::ToDevice {
+            slot: HostSlot(s),
+            block: BlockId(b),
+        };
+        // Whether `block` holds exactly `tokens` (slot, token) in every layer.
+        let holds = |kv: &KvStorage, block: u32, tokens: &[(usize, &Token)]| {
+            (0..layout.num_layers).all(|layer| {
+                let (keys, values) = read(kv, layer);
+                (0..layout.block_size).all(|slot| {
+                    let token = tokens.iter().find(|(s, _)| *s == slot).map(|(_, t)| *t);
+                    (0..layout.n_kv_heads).all(|head| {
+                        let at = layout.offset(BlockId(block), head, slot);
+                        let hd = head * layout.head_dim..(head + 1) * layout.head_dim;
+                        let (k, v) = (
+                            &keys[at..at + layout.head_dim],
+                            &values[at..at + layout.head_dim],
+                        );
+                        match token {
+                            Some((tk, tv)) => k == &tk[hd.clone()] && v == &tv[hd],
+                            None => k.iter().chain(v).all(|x| *x == 0.0),
+                        }
+                    })
+                })
+            })
+        };
+        let (a, b, c) = (token(1.0), token(100.0), token(1000.0));
         for mut kv in [
-            KvStorage::new(layout, 4),
-            KvStorage::on_device(layout, 4, &Device::Cpu).unwrap(),
+            KvStorage::new(layout, 5),
+            KvStorage::on_device(layout, 5, &Device::Cpu).unwrap(),
         ] {
             let mut host = HostStore::new(layout, 2);
             for layer in 0..2 {
-                for ((block, slot), _, (k, v)) in &written {
-                    kv.write_token(layer, BlockId(*block), *slot, k, v).unwrap();
-                }
+                kv.write_token(layer, BlockId(1), 1, &a.0, &a.1).unwrap();
+                kv.write_token(layer, BlockId(0), 0, &b.0, &b.1).unwrap();
             }
-            let to_host = |b: u32, s: u32| CopyOp::ToHost {
-                block: BlockId(b),
-                slot: HostSlot(s),
-            };
-            let to_device = |s: u32, b: u32| CopyOp::ToDevice {
-                slot: HostSlot(s),
-                block: BlockId(b),
-            };
             let copies = [
                 to_host(1, 1),
                 to_host(0, 0),
@@ -431,21 +572,22 @@ mod tests {
                 to_device(0, 3),
             ];
             kv.run_copies(&copies, &mut host).unwrap();
+            kv.settle(&mut host).unwrap();
+            assert!(holds(&kv, 1, &[(1, &a)]) && holds(&kv, 2, &[(1, &a)]));
+            assert!(holds(&kv, 0, &[(0, &b)]) && holds(&kv, 3, &[(0, &b)]));
+            assert!(holds(&kv, 4, &[]), "nothing else was written");
+
+            // In, and out again from the same block into a slot that was just read.
+            kv.run_copies(&[to_device(1, 4), to_host(4, 1)], &mut host)
+                .unwrap();
+            // Back in, and a token written into that block before anything settles.
+            kv.run_copies(&[to_device(1, 0)], &mut host).unwrap();
             for layer in 0..2 {
-                let (keys, values) = read(&kv, layer);
-                for ((block, slot), copy, (k, v)) in &written {
-                    for block in [*block, *copy] {
-                        for head in 0..layout.n_kv_heads {
-                            let at = layout.offset(BlockId(block), head, *slot);
-                            let hd = head * layout.head_dim..(head + 1) * layout.head_dim;
-                            assert_eq!(keys[at..at + layout.head_dim], k[hd.clone()]);
-                            assert_eq!(values[at..at + layout.head_dim], v[hd]);
-                        }
-                    }
-                }
-                let nonzero = keys.iter().filter(|x| **x != 0.0).count();
-                assert_eq!(nonzero, 4 * width, "nothing else was written");
+                kv.write_token(layer, BlockId(0), 0, &c.0, &c.1).unwrap();
             }
+            kv.settle(&mut host).unwrap();
+            assert!(holds(&kv, 4, &[(1, &a)]));
+            assert!(holds(&kv, 0, &[(0, &c), (1, &a)]));
         }
     }
 }

@@ -62,7 +62,7 @@ pub use request::{
 
 use engine_loop::{Command, EngineLoop, LoopSetup, QueueSlot, Submission};
 use kv_cache::{HostStore, KvConfig};
-use model::{Backend, Gguf, Llama};
+use model::{Backend, DeviceWeights, Gguf, Llama, LlamaConfig};
 use scheduler::SchedulerConfig;
 
 /// What callers need to know about the served model.
@@ -96,7 +96,7 @@ impl ModelInfo {
         path: &std::path::Path,
         kv_capacity_tokens: Option<usize>,
     ) -> Result<Self> {
-        let context_length = model::llama::LlamaConfig::from_gguf(gguf)?.context_length;
+        let context_length = LlamaConfig::from_gguf(gguf)?.context_length;
         let id = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -210,7 +210,7 @@ struct Shared {
 }
 
 /// Bytes kept free on a GPU beyond the estimates: cuBLAS workspaces, the allocator's slack.
-const GPU_HEADROOM: usize = 256 << 20;
+pub const GPU_HEADROOM: usize = 256 << 20;
 
 /// Bytes for the device tier of the KV cache: `--kv-cache-mb`, or on a GPU with
 /// `--gpu-memory-utilization` that share of its memory less what is in use already (the weights
@@ -238,6 +238,32 @@ fn kv_budget(
             (activations + GPU_HEADROOM) >> 20
         ))
     })
+}
+
+/// On a GPU, refuses before loading weights that, with the activations, would not fit in its
+/// free memory: a message naming the sizes and the ways out, rather than the driver's
+/// out-of-memory error halfway through the load.
+fn weights_fit_on_device(
+    config: &EngineConfig,
+    device: &candle_core::Device,
+    (bytes, form): (usize, DeviceWeights),
+    activations: usize,
+) -> Result<()> {
+    let Some((free, _)) = device::memory(device)? else {
+        return Ok(());
+    };
+    if bytes + activations + GPU_HEADROOM > free {
+        return Err(EngineError::Device(format!(
+            "{}: the weights of {} as {form} ({} MiB) and {} MiB for activations do not fit in \
+             the {} MiB free (--gpu-weights f16 or quantized take less)",
+            config.device,
+            config.model.display(),
+            bytes >> 20,
+            (activations + GPU_HEADROOM) >> 20,
+            free >> 20
+        )));
+    }
+    Ok(())
 }
 
 /// On a GPU, refuses a KV pool that, with the activations, would not fit in its free memory.
@@ -289,10 +315,15 @@ impl EngineHandle {
     pub fn start_on(config: &EngineConfig, backend: Backend) -> Result<Self> {
         config.validate().map_err(EngineError::InvalidRequest)?;
         let mut gguf = Gguf::open(&config.model)?;
+        let device = backend.device();
+        let activations = LlamaConfig::from_gguf(&gguf)?
+            .activation_bytes(config.max_step_tokens, config.max_running);
+        if let Backend::Tensors { weights, .. } = &backend {
+            let bytes = Llama::device_weight_bytes(&gguf, *weights)?;
+            weights_fit_on_device(config, &device, (bytes, *weights), activations)?;
+        }
         let llama = Llama::load(&mut gguf, &backend)?;
         let layout = llama.config().kv_layout(config.block_size);
-        let device = backend.device();
-        let activations = llama.activation_bytes(config.max_step_tokens, config.max_running);
         let num_blocks = match config.device_kv_blocks {
             Some(blocks) => blocks,
             None => kv_budget(config, &device, activations)? / layout.bytes_per_block(),

@@ -54,16 +54,18 @@ pub enum RouterError {
     /// A device list that is empty, names a device twice, or is not `NAME=SIZE,...`.
     #[error("devices: {0}")]
     InvalidDevices(String),
-    /// No device has room for this agent's KV reserve next to its model's weights.
+    /// No device has room for this agent's KV reserve next to a replica of its model.
     #[error(
         "infeasible placement: agent `{agent}` (model `{model}`) does not fit: it needs {} of \
-         KV reserve beside the model's {} of weights, but the largest free budget is {}, on \
+         KV reserve beside the model's {} replica (its weights; on a GPU, their GPU form and \
+         the activation reserve), but the largest free budget is {}, on \
          `{largest_free_device}`",
         ByteSize(*.kv_bytes), ByteSize(*.weight_bytes), ByteSize(*.largest_free_bytes)
     )]
     Infeasible {
         agent: AgentId,
         model: ModelId,
+        /// The replica's bytes on the device with the largest free budget.
         weight_bytes: u64,
         kv_bytes: u64,
         largest_free_bytes: u64,

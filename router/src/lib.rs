@@ -94,7 +94,7 @@ pub use error::{Result, RouterError};
 pub use pins::Pins;
 pub use placement::{
     plan, AgentPlacement, ByteSize, DeviceLoad, DeviceName, DeviceSpec, ModelCatalog,
-    ModelFootprint, Placement,
+    ModelFootprint, Placement, GPU_HEADROOM,
 };
 pub use registry::{Registry, SharedRegistry};
 pub use route::{EmbeddingRouter, LlmRouter, Route};

@@ -1,15 +1,18 @@
 //! Placement: which devices host a replica of which model, and which agents each device serves.
 //!
 //! Input: the agents (each names a model and a KV reserve in tokens), a [`ModelCatalog`] (each
-//! model's bytes of weights and KV bytes per token) and the devices with their memory budgets.
-//! Output: a [`Placement`]. Only weights and KV reserves are counted; activations and runtime
-//! overheads are the budget's margin to leave.
+//! model's bytes per replica and KV bytes per token) and the devices with their memory budgets.
+//! Output: a [`Placement`]. A replica costs its weights on a CPU; on a GPU (a device named
+//! `cuda:N`) its weights in the form the GPU holds them plus the engine's reserve for a step's
+//! activations, and every GPU keeps the engine's headroom free ([`GPU_HEADROOM`]). Other runtime
+//! overheads (the host KV tier, the process) are the budget's margin to leave.
 //!
 //! Invariants of every placement [`plan`] returns:
 //! - every agent is on exactly one device, and that device hosts its model: a KV cache is only
 //!   useful next to the weights that attend over it;
-//! - a device's used bytes are the weights of each model it hosts, counted once however many
-//!   agents share them, plus the KV reserves of its agents; used never exceeds the budget;
+//! - a device's used bytes are the replica cost of each model it hosts, counted once however
+//!   many agents share it, plus the KV reserves of its agents; used plus the device's reserved
+//!   headroom never exceeds the budget;
 //! - a device hosts a model only if it serves at least one of the model's agents;
 //! - the agents of one model are on one device whenever some device has room for all of them
 //!   when their turn comes; they are split only when none has, and each extra device pays for
@@ -43,6 +46,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::{AgentId, AgentSpec, ModelId, Result, RouterError};
+
+/// What the engine keeps free on a GPU beyond its weights, KV pool and activations.
+pub const GPU_HEADROOM: u64 = engine::GPU_HEADROOM as u64;
 
 /// Device names are listed as `NAME=SIZE,NAME=SIZE` on the command line, so they cannot hold
 /// the separators.
@@ -151,13 +157,47 @@ impl FromStr for DeviceSpec {
     }
 }
 
+impl DeviceSpec {
+    /// Whether this is a GPU (`cuda:N`), where replicas and headroom cost what the engine
+    /// reserves on one.
+    pub fn is_gpu(&self) -> bool {
+        matches!(
+            self.name.as_str().parse::<engine::DeviceSpec>(),
+            Ok(engine::DeviceSpec::Cuda(_))
+        )
+    }
+
+    /// Bytes placement leaves free on this device.
+    pub fn reserved_bytes(&self) -> u64 {
+        if self.is_gpu() {
+            GPU_HEADROOM
+        } else {
+            0
+        }
+    }
+}
+
 /// What one model costs in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ModelFootprint {
-    /// Bytes of weights, paid once per device that hosts the model.
+    /// Bytes of weights, paid once per CPU device that hosts the model.
     pub weight_bytes: u64,
+    /// Bytes a replica takes on a GPU: the weights in the form the GPU holds them, and the
+    /// engine's activation reserve.
+    pub gpu_replica_bytes: u64,
     /// Bytes of KV cache one token takes, across layers, keys and values.
     pub kv_bytes_per_token: u64,
+}
+
+impl ModelFootprint {
+    /// Bytes one replica of the model takes on `device`, before any KV.
+    pub fn replica_bytes(&self, device: &DeviceSpec) -> u64 {
+        if device.is_gpu() {
+            self.gpu_replica_bytes
+        } else {
+            self.weight_bytes
+        }
+    }
 }
 
 /// The models placement may use, filled by the caller, which knows where models live.
@@ -194,7 +234,7 @@ impl ModelCatalog {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceLoad {
     pub device: DeviceSpec,
-    /// Weights of the models hosted plus KV reserves of the agents served.
+    /// Replicas of the models hosted plus KV reserves of the agents served.
     pub used_bytes: u64,
     pub models: BTreeSet<ModelId>,
     pub agents: BTreeSet<AgentId>,
@@ -202,7 +242,10 @@ pub struct DeviceLoad {
 
 impl DeviceLoad {
     pub fn free_bytes(&self) -> u64 {
-        self.device.budget_bytes.saturating_sub(self.used_bytes)
+        self.device
+            .budget_bytes
+            .saturating_sub(self.device.reserved_bytes())
+            .saturating_sub(self.used_bytes)
     }
 }
 
@@ -256,15 +299,15 @@ struct Demand<'a> {
 /// The agents of one model, largest reserve first.
 struct Group<'a> {
     model: &'a ModelId,
-    weight_bytes: u64,
+    footprint: ModelFootprint,
     demands: Vec<Demand<'a>>,
 }
 
-/// Weights plus reserves, saturating: an absurd reserve must read as "does not fit", not wrap.
-fn need<'d, 'a: 'd>(weight_bytes: u64, demands: impl IntoIterator<Item = &'d Demand<'a>>) -> u64 {
+/// A replica plus reserves, saturating: an absurd reserve must read as "does not fit", not wrap.
+fn need<'d, 'a: 'd>(replica_bytes: u64, demands: impl IntoIterator<Item = &'d Demand<'a>>) -> u64 {
     demands
         .into_iter()
-        .fold(weight_bytes, |sum, d| sum.saturating_add(d.kv_bytes))
+        .fold(replica_bytes, |sum, d| sum.saturating_add(d.kv_bytes))
 }
 
 /// Places every agent on a device hosting its model, within every device's budget; see the
@@ -333,7 +376,7 @@ fn groups<'a>(
             .entry(model)
             .or_insert_with(|| Group {
                 model,
-                weight_bytes: footprint.weight_bytes,
+                footprint,
                 demands: Vec::new(),
             })
             .demands
@@ -354,7 +397,10 @@ fn groups<'a>(
         });
     }
     // Stable: equal needs keep the map's order, by model id.
-    groups.sort_by_cached_key(|g| Reverse(need(g.weight_bytes, &g.demands)));
+    groups.sort_by_cached_key(|g| {
+        let replica = g.footprint.weight_bytes.max(g.footprint.gpu_replica_bytes);
+        Reverse(need(replica, &g.demands))
+    });
     Ok(groups)
 }
 
@@ -365,30 +411,34 @@ fn place_group(
 ) -> Result<()> {
     let mut left: Vec<&Demand> = group.demands.iter().collect();
     while let Some(largest) = left.first() {
-        // (device index, free bytes) of the devices that could take a new replica.
-        let candidates: Vec<(usize, u64)> = loads
+        // (device index, free bytes, room for KV after a replica) of the devices that could
+        // take a new replica.
+        let candidates: Vec<(usize, u64, u64)> = loads
             .iter()
             .enumerate()
             .filter(|(_, l)| !l.models.contains(group.model))
-            .map(|(i, l)| (i, l.free_bytes()))
+            .filter_map(|(i, l)| {
+                let replica = group.footprint.replica_bytes(&l.device);
+                let free = l.free_bytes();
+                free.checked_sub(replica).map(|room| (i, free, room))
+            })
             .collect();
-        let all_left = need(group.weight_bytes, left.iter().copied());
+        let all_left = need(0, left.iter().copied());
         let best_fit = candidates
             .iter()
-            .filter(|(_, free)| *free >= all_left)
-            .min_by_key(|(i, free)| (*free, *i));
-        if let Some(&(device, _)) = best_fit {
+            .filter(|(_, _, room)| *room >= all_left)
+            .min_by_key(|(i, free, _)| (*free, *i));
+        if let Some(&(device, _, _)) = best_fit {
             host(&mut loads[device], group, &left, placed);
             return Ok(());
         }
         let roomiest = candidates
             .iter()
-            .max_by_key(|(i, free)| (*free, Reverse(*i)))
-            .filter(|(_, free)| *free >= group.weight_bytes.saturating_add(largest.kv_bytes));
-        let Some(&(device, free)) = roomiest else {
+            .max_by_key(|(i, _, room)| (*room, Reverse(*i)))
+            .filter(|(_, _, room)| *room >= largest.kv_bytes);
+        let Some(&(device, _, mut room)) = roomiest else {
             return Err(infeasible(group, largest, loads));
         };
-        let mut room = free - group.weight_bytes;
         let (taken, rest): (Vec<&Demand>, Vec<&Demand>) = left.into_iter().partition(|d| {
             let fits = d.kv_bytes <= room;
             if fits {
@@ -410,7 +460,7 @@ fn host(
     placed: &mut BTreeMap<AgentId, AgentPlacement>,
 ) {
     load.models.insert(group.model.clone());
-    load.used_bytes += group.weight_bytes;
+    load.used_bytes += group.footprint.replica_bytes(&load.device);
     for demand in demands {
         load.used_bytes += demand.kv_bytes;
         load.agents.insert(demand.agent.clone());
@@ -435,7 +485,7 @@ fn infeasible(group: &Group, demand: &Demand, loads: &[DeviceLoad]) -> RouterErr
     RouterError::Infeasible {
         agent: demand.agent.clone(),
         model: group.model.clone(),
-        weight_bytes: group.weight_bytes,
+        weight_bytes: group.footprint.replica_bytes(&roomiest.device),
         kv_bytes: demand.kv_bytes,
         largest_free_bytes: roomiest.free_bytes(),
         largest_free_device: roomiest.device.name.clone(),
@@ -473,6 +523,7 @@ mod tests {
                 ModelId::new(id).unwrap(),
                 ModelFootprint {
                     weight_bytes,
+                    gpu_replica_bytes: weight_bytes,
                     kv_bytes_per_token,
                 },
             );
@@ -526,7 +577,7 @@ mod tests {
             let weights: u64 = load
                 .models
                 .iter()
-                .map(|m| catalog.footprint(m).unwrap().weight_bytes)
+                .map(|m| catalog.footprint(m).unwrap().replica_bytes(&load.device))
                 .sum();
             let kv: u64 = load
                 .agents
@@ -535,7 +586,7 @@ mod tests {
                 .sum();
             assert_eq!(load.used_bytes, weights + kv, "weights once per device");
             assert!(
-                load.used_bytes <= load.device.budget_bytes,
+                load.used_bytes + load.device.reserved_bytes() <= load.device.budget_bytes,
                 "{} over budget",
                 load.device.name
             );
@@ -546,7 +597,10 @@ mod tests {
     /// the least `k` for which the `k` largest budgets, each less one copy of the weights, hold
     /// all the reserves. A lower bound for any placement.
     fn fewest_devices(weight: u64, total_kv: u64, devices: &[DeviceSpec]) -> usize {
-        let mut budgets: Vec<u64> = devices.iter().map(|d| d.budget_bytes).collect();
+        let mut budgets: Vec<u64> = devices
+            .iter()
+            .map(|d| d.budget_bytes - d.reserved_bytes())
+            .collect();
         budgets.sort_unstable_by(|a, b| b.cmp(a));
         let mut room = 0;
         for (k, budget) in budgets.iter().enumerate() {
@@ -676,7 +730,7 @@ mod tests {
             } => {
                 assert_eq!(agent.as_str(), "archivist");
                 assert_eq!(model.as_str(), "big");
-                assert_eq!(*largest_free_bytes, 80 * GIB);
+                assert_eq!(*largest_free_bytes, 80 * GIB - GPU_HEADROOM);
                 assert_eq!(largest_free_device.as_str(), "cuda:0");
             }
             other => panic!("expected infeasible, got {other:?}"),
@@ -687,12 +741,49 @@ mod tests {
             "{message}"
         );
         assert!(
-            message.contains("needs 48.0 GiB of KV reserve beside the model's 40.0 GiB"),
+            message.contains("needs 48.0 GiB of KV reserve beside the model's 40.0 GiB replica"),
             "{message}"
         );
         assert!(
-            message.contains("largest free budget is 80.0 GiB, on `cuda:0`"),
+            message.contains("largest free budget is 79.8 GiB, on `cuda:0`"),
             "{message}"
+        );
+    }
+
+    /// A GPU replica costs what the engine holds there (here f32 weights and activations, four
+    /// times the file), a CPU one the file; a GPU keeps the engine's headroom free.
+    #[test]
+    fn gpus_pay_their_replica_form_and_keep_headroom() {
+        let mut catalog = ModelCatalog::default();
+        catalog.insert(
+            model("m"),
+            ModelFootprint {
+                weight_bytes: GIB,
+                gpu_replica_bytes: 4 * GIB,
+                kv_bytes_per_token: 1 << 20,
+            },
+        );
+        let agents = [agent("a", "m", 1024)];
+        // Exactly replica + KV + headroom: fits, and pays the GPU form.
+        let gpu = [device("cuda:0", 5 * GIB + GPU_HEADROOM)];
+        let placement = plan(&agents, &catalog, &gpu).unwrap();
+        assert_valid(&placement, &agents, &catalog, &gpu);
+        assert_eq!(placement.devices()[0].used_bytes, 5 * GIB);
+        assert_eq!(placement.devices()[0].free_bytes(), 0);
+        // A byte less on the GPU: the agent goes to a CPU device, which pays the file's size.
+        let both = [
+            device("cuda:0", 5 * GIB + GPU_HEADROOM - 1),
+            device("cpu", 2 * GIB),
+        ];
+        let placement = plan(&agents, &catalog, &both).unwrap();
+        assert_valid(&placement, &agents, &catalog, &both);
+        assert_eq!(placement.agent("a").unwrap().device.as_str(), "cpu");
+        assert_eq!(placement.devices()[1].used_bytes, 2 * GIB);
+        // The GPU alone: refused, naming what the replica costs there.
+        let err = plan(&agents, &catalog, &both[..1]).unwrap_err();
+        assert!(
+            matches!(err, RouterError::Infeasible { weight_bytes, .. } if weight_bytes == 4 * GIB),
+            "{err}"
         );
     }
 

@@ -2,17 +2,20 @@
 //! budgets, printed as a table. Also the quickest check of a swarm file: every agent is
 //! validated on the way.
 //!
-//! Models are sized from their files without loading them: the weights are the GGUF's size on
-//! disk, and KV bytes per token come from its metadata (layers x 2 x KV heads x head dim x 4
-//! bytes: the engine caches keys and values in f32). `default` is the served model (`--model`);
-//! any other model id must be a GGUF beside it, named `<id>.gguf` or `<id>`.
+//! Models are sized from their files without loading them: on a CPU the weights are the GGUF's
+//! size on disk; on a GPU (`cuda:N`) they are what the engine holds there in the `--gpu-weights`
+//! form (from the GGUF's tensor list, as the engine sizes them before loading), plus its reserve
+//! for a step's activations at `--max-step-tokens` and `--max-running`, and every GPU keeps the
+//! engine's headroom free. KV bytes per token come from the metadata (layers x 2 x KV heads x
+//! head dim x 4 bytes: the engine caches keys and values in f32). `default` is the served model
+//! (`--model`); any other model id must be a GGUF beside it, named `<id>.gguf` or `<id>`.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use engine::model::{Gguf, LlamaConfig};
+use engine::model::{DeviceWeights, Gguf, Llama, LlamaConfig};
 use router::{
     AgentSpec, ByteSize, DeviceName, DeviceSpec, ModelCatalog, ModelFootprint, ModelId, Placement,
     Registry, SwarmConfig,
@@ -34,6 +37,23 @@ pub struct PlanArgs {
         default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
     )]
     model: PathBuf,
+    #[command(flatten)]
+    gpu: GpuSizing,
+}
+
+/// How the engines on a GPU will run, which sizes a replica there (the engine options of the
+/// same names).
+#[derive(Args, Clone, Copy, Debug)]
+pub struct GpuSizing {
+    /// The weights' form on a GPU.
+    #[arg(long, env = "SWARMGATE_GPU_WEIGHTS", value_enum, default_value_t = DeviceWeights::F32)]
+    gpu_weights: DeviceWeights,
+    /// Most tokens in one engine step.
+    #[arg(long, env = "SWARMGATE_MAX_STEP_TOKENS", default_value_t = 256)]
+    max_step_tokens: usize,
+    /// Most sequences decoding at once.
+    #[arg(long, env = "SWARMGATE_MAX_RUNNING", default_value_t = 64)]
+    max_running: usize,
 }
 
 pub fn run(args: PlanArgs) -> Result<()> {
@@ -42,16 +62,16 @@ pub fn run(args: PlanArgs) -> Result<()> {
     } else {
         args.devices
     };
-    print!("{}", report(&args.config, &args.model, &devices)?);
+    print!("{}", report(&args.config, &args.model, &devices, args.gpu)?);
     Ok(())
 }
 
 /// The placement of the swarm in `config` on `devices`, rendered; an error if the file is
 /// invalid, a model is unknown, or the agents do not fit.
-fn report(config: &Path, served: &Path, devices: &[DeviceSpec]) -> Result<String> {
+fn report(config: &Path, served: &Path, devices: &[DeviceSpec], gpu: GpuSizing) -> Result<String> {
     let swarm = SwarmConfig::load(config)?;
     let registry = Registry::new(swarm.agents)?;
-    let catalog = catalog(registry.agents(), served)?;
+    let catalog = catalog(registry.agents(), served, gpu)?;
     let placement = router::plan(registry.agents(), &catalog, devices)?;
     Ok(render(&placement, &catalog))
 }
@@ -60,10 +80,11 @@ fn report(config: &Path, served: &Path, devices: &[DeviceSpec]) -> Result<String
 fn catalog<'a>(
     agents: impl IntoIterator<Item = &'a AgentSpec>,
     served: &Path,
+    gpu: GpuSizing,
 ) -> Result<ModelCatalog> {
     let mut catalog = ModelCatalog::default();
     let served_id = model_id(served)?;
-    catalog.insert(served_id.clone(), footprint(served)?);
+    catalog.insert(served_id.clone(), footprint(served, gpu)?);
     catalog.alias(ModelId::default(), served_id);
     let dir = served.parent().unwrap_or(Path::new("."));
     for agent in agents {
@@ -83,7 +104,7 @@ fn catalog<'a>(
         })?;
         let id = model_id(&path)?;
         if catalog.resolve(&id).is_none() {
-            catalog.insert(id.clone(), footprint(&path)?);
+            catalog.insert(id.clone(), footprint(&path, gpu)?);
         }
         // A file name and the model id it holds are one model: one replica, not two.
         catalog.alias(agent.model.clone(), id);
@@ -111,15 +132,19 @@ fn model_id(path: &Path) -> Result<ModelId> {
     Ok(ModelId::new(stem.to_string_lossy())?)
 }
 
-fn footprint(path: &Path) -> Result<ModelFootprint> {
+fn footprint(path: &Path, gpu: GpuSizing) -> Result<ModelFootprint> {
     let weight_bytes = std::fs::metadata(path)
         .with_context(|| format!("cannot read {} (run `make models`)", path.display()))?
         .len();
-    let config = LlamaConfig::from_gguf(&Gguf::open(path)?)?;
+    let gguf = Gguf::open(path)?;
+    let config = LlamaConfig::from_gguf(&gguf)?;
+    let gpu_replica_bytes = Llama::device_weight_bytes(&gguf, gpu.gpu_weights)?
+        + config.activation_bytes(gpu.max_step_tokens, gpu.max_running);
     // A block of one token costs exactly one token's KV, whatever block size the engine runs.
     let kv_bytes_per_token = config.kv_layout(1).bytes_per_block() as u64;
     Ok(ModelFootprint {
         weight_bytes,
+        gpu_replica_bytes: gpu_replica_bytes as u64,
         kv_bytes_per_token,
     })
 }
@@ -158,12 +183,13 @@ fn render(placement: &Placement, catalog: &ModelCatalog) -> String {
         }
     };
     let mut devices = vec![row([
-        "device", "budget", "used", "free", "models", "agents",
+        "device", "budget", "headroom", "used", "free", "models", "agents",
     ])];
     for load in placement.devices() {
         devices.push(vec![
             load.device.name.to_string(),
             ByteSize(load.device.budget_bytes).to_string(),
+            ByteSize(load.device.reserved_bytes()).to_string(),
             ByteSize(load.used_bytes).to_string(),
             ByteSize(load.free_bytes()).to_string(),
             list(load.models.iter().map(ToString::to_string).collect()),
@@ -171,7 +197,14 @@ fn render(placement: &Placement, catalog: &ModelCatalog) -> String {
         ]);
     }
     let models: BTreeSet<&ModelId> = placement.agents().values().map(|a| &a.model).collect();
-    let mut footprints = vec![row(["model", "weights", "KV/token", "agents", "devices"])];
+    let mut footprints = vec![row([
+        "model",
+        "weights",
+        "GPU replica",
+        "KV/token",
+        "agents",
+        "devices",
+    ])];
     for model in models {
         let footprint = catalog
             .footprint(model)
@@ -184,6 +217,7 @@ fn render(placement: &Placement, catalog: &ModelCatalog) -> String {
         footprints.push(vec![
             model.to_string(),
             ByteSize(footprint.weight_bytes).to_string(),
+            ByteSize(footprint.gpu_replica_bytes).to_string(),
             ByteSize(footprint.kv_bytes_per_token).to_string(),
             agents.to_string(),
             list(placement.replicas(model).map(ToString::to_string).collect()),
@@ -230,6 +264,13 @@ mod tests {
 
     const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1";
 
+    /// The engine's defaults.
+    const SIZING: GpuSizing = GpuSizing {
+        gpu_weights: DeviceWeights::F32,
+        max_step_tokens: 256,
+        max_running: 64,
+    };
+
     fn repo(path: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
     }
@@ -262,7 +303,7 @@ mod tests {
 
     #[test]
     fn smollm2_is_sized_from_its_file_and_metadata() {
-        let footprint = footprint(&served()).unwrap();
+        let footprint = footprint(&served(), SIZING).unwrap();
         assert_eq!(
             footprint.weight_bytes,
             std::fs::metadata(served()).unwrap().len()
@@ -273,7 +314,7 @@ mod tests {
 
     #[test]
     fn the_default_swarm_fits_on_one_cpu() {
-        let out = report(&repo("swarm.toml"), &served(), &devices("cpu=4GiB")).unwrap();
+        let out = report(&repo("swarm.toml"), &served(), &devices("cpu=4GiB"), SIZING).unwrap();
         let lines: Vec<&str> = out.lines().collect();
         assert!(lines[0].starts_with("device  budget"), "{out}");
         assert!(lines[1].starts_with("cpu     4.0 GiB"), "{out}");
@@ -284,9 +325,46 @@ mod tests {
             "{out}"
         );
         assert!(
-            out.contains(&format!("{SMOLLM2}  93.8 MiB  45.0 KiB  8       cpu")),
+            out.contains(&format!(
+                "{SMOLLM2}  93.8 MiB  1.3 GiB      45.0 KiB  8       cpu"
+            )),
             "{out}"
         );
+    }
+
+    /// On a GPU a replica is what the engine holds there: f32 weights take four bytes a weight,
+    /// so a GPU that holds the default swarm with quantized weights refuses it with f32 ones.
+    #[test]
+    fn a_gpu_pays_for_the_weights_in_their_gpu_form() {
+        let sizing = |gpu_weights| GpuSizing {
+            gpu_weights,
+            ..SIZING
+        };
+        let f32 = footprint(&served(), sizing(DeviceWeights::F32)).unwrap();
+        let quantized = footprint(&served(), sizing(DeviceWeights::Quantized)).unwrap();
+        // SmolLM2's 134.5 million weights: 4 bytes each as f32, under 1 in Q4_1 blocks; the
+        // activation reserve is the same for both.
+        let saved = f32.gpu_replica_bytes - quantized.gpu_replica_bytes;
+        assert!(saved > 3 * 134_000_000, "{f32:?} {quantized:?}");
+        let swarm = SwarmConfig::load(&repo("swarm.toml")).unwrap();
+        let registry = Registry::new(swarm.agents).unwrap();
+        let reserves: u64 = registry
+            .agents()
+            .map(|a| a.kv_reserve_tokens * f32.kv_bytes_per_token)
+            .sum();
+        let budget = quantized.gpu_replica_bytes + reserves + router::GPU_HEADROOM;
+        let gpu = [DeviceSpec {
+            name: DeviceName::new("cuda:0").unwrap(),
+            budget_bytes: budget,
+        }];
+        let plan = |weights| {
+            let catalog = catalog(registry.agents(), &served(), sizing(weights)).unwrap();
+            router::plan(registry.agents(), &catalog, &gpu)
+        };
+        let placement = plan(DeviceWeights::Quantized).unwrap();
+        assert_eq!(placement.devices()[0].free_bytes(), 0);
+        let err = plan(DeviceWeights::F32).unwrap_err().to_string();
+        assert!(err.starts_with("infeasible placement"), "{err}");
     }
 
     #[test]
@@ -295,6 +373,7 @@ mod tests {
             &repo("swarm.toml"),
             &served(),
             &devices("cuda:0=512MiB,cpu=300MiB"),
+            SIZING,
         )
         .unwrap_err()
         .to_string();
@@ -304,7 +383,7 @@ mod tests {
 
     #[test]
     fn an_unknown_model_is_an_error_naming_it() {
-        let err = catalog([&agent_on("mystery-7b")], &served())
+        let err = catalog([&agent_on("mystery-7b")], &served(), SIZING)
             .unwrap_err()
             .to_string();
         assert!(
@@ -317,7 +396,7 @@ mod tests {
     fn a_model_file_name_is_the_served_model_not_a_second_one() {
         for name in [SMOLLM2, &format!("{SMOLLM2}.gguf")] {
             let agent = agent_on(name);
-            let catalog = catalog([&agent], &served()).unwrap();
+            let catalog = catalog([&agent], &served(), SIZING).unwrap();
             let resolved = catalog.resolve(&agent.model).unwrap();
             assert_eq!(resolved.as_str(), SMOLLM2);
             assert_eq!(catalog.resolve(&ModelId::default()), Some(resolved));

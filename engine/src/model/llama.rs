@@ -70,6 +70,17 @@ pub enum DeviceWeights {
     Quantized,
 }
 
+impl std::fmt::Display for DeviceWeights {
+    /// As `--gpu-weights` names it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::Quantized => "quantized",
+        })
+    }
+}
+
 /// One weight matrix (or several fused along the output), as the backend multiplies by it.
 enum Proj {
     Kernels(Linear),
@@ -157,6 +168,20 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// An upper bound of the transient tensors of one step of at most `step_tokens` tokens and
+    /// `running` sequences (f32): each token's activations through a layer and its logits, and
+    /// the decode attention's gathered keys, values and scores at full context.
+    pub fn activation_bytes(&self, step_tokens: usize, running: usize) -> usize {
+        let c = self;
+        let per_token = 4 * c.hidden
+            + (c.n_heads + 2 * c.n_kv_heads) * c.head_dim * 2
+            + 3 * c.intermediate
+            + c.vocab_size;
+        let attention =
+            running * c.context_length * (2 * c.n_kv_heads * c.head_dim + 2 * c.n_heads);
+        4 * (step_tokens * per_token + attention)
+    }
+
     /// Reads the hyper-parameters from metadata alone, without loading any tensor.
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
         let arch = g.string("general.architecture")?;
@@ -319,18 +344,24 @@ impl Llama {
                 .sum::<usize>()
     }
 
-    /// An upper bound of the transient tensors of one step of at most `step_tokens` tokens and
-    /// `running` sequences (f32): each token's activations through a layer and its logits, and
-    /// the decode attention's gathered keys, values and scores at full context.
-    pub fn activation_bytes(&self, step_tokens: usize, running: usize) -> usize {
-        let c = &self.config;
-        let per_token = 4 * c.hidden
-            + (c.n_heads + 2 * c.n_kv_heads) * c.head_dim * 2
-            + 3 * c.intermediate
-            + c.vocab_size;
-        let attention =
-            running * c.context_length * (2 * c.n_kv_heads * c.head_dim + 2 * c.n_heads);
-        4 * (step_tokens * per_token + attention)
+    /// What [`Llama::weight_bytes`] is once the GGUF in `g` is loaded on a device in the form
+    /// `weights`, from its tensor list alone: how a device is sized before anything is loaded
+    /// (`swarmgate plan`, start-up). Vectors (the norms) are dequantized whatever the form; the
+    /// RoPE tables come on top.
+    pub fn device_weight_bytes(g: &Gguf, weights: DeviceWeights) -> Result<usize> {
+        let c = LlamaConfig::from_gguf(g)?;
+        let rope = 2 * c.context_length * (c.rope_dim / 2) * 4;
+        let tensors = g.content().tensor_infos.values().map(|t| {
+            let elems = t.shape.elem_count();
+            match (t.shape.rank(), weights) {
+                (1, _) | (_, DeviceWeights::F32) => 4 * elems,
+                (_, DeviceWeights::F16) => 2 * elems,
+                (_, DeviceWeights::Quantized) => {
+                    elems / t.ggml_dtype.block_size() * t.ggml_dtype.type_size()
+                }
+            }
+        });
+        Ok(rope + tensors.sum::<usize>())
     }
 
     /// A KV cache of `num_blocks` blocks of `block_size` tokens, where this model's forward reads
@@ -454,4 +485,31 @@ fn rope_tables(c: &LlamaConfig, device: &Device) -> Result<(Tensor, Tensor)> {
         .reshape((c.context_length, 1))?
         .matmul(&theta.reshape((1, theta.elem_count()))?)?;
     Ok((angles.cos()?, angles.sin()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{model_path, SMOLLM2_GGUF};
+
+    /// The size a device is planned with, from the tensor list, is what loading takes, in every
+    /// weight form.
+    #[test]
+    fn planned_weight_bytes_are_what_loading_takes() {
+        let path = model_path(SMOLLM2_GGUF);
+        for weights in [
+            DeviceWeights::F32,
+            DeviceWeights::F16,
+            DeviceWeights::Quantized,
+        ] {
+            let mut g = Gguf::open(&path).unwrap();
+            let planned = Llama::device_weight_bytes(&g, weights).unwrap();
+            let backend = Backend::Tensors {
+                device: Device::Cpu,
+                weights,
+            };
+            let loaded = Llama::load(&mut g, &backend).unwrap().weight_bytes();
+            assert_eq!(planned, loaded, "{weights:?}");
+        }
+    }
 }

@@ -10,12 +10,13 @@
 //! head dim x 4 bytes: the engine caches keys and values in f32). `default` is the served model
 //! (`--model`); any other model id must be a GGUF beside it, named `<id>.gguf` or `<id>`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use engine::model::{DeviceWeights, Gguf, Llama, LlamaConfig};
+use engine::ModelInfo;
 use router::{
     AgentSpec, ByteSize, DeviceName, DeviceSpec, ModelCatalog, ModelFootprint, ModelId, Placement,
     Registry, SwarmConfig,
@@ -72,6 +73,7 @@ fn report(config: &Path, served: &Path, devices: &[DeviceSpec], gpu: GpuSizing) 
     let swarm = SwarmConfig::load(config)?;
     let registry = Registry::new(swarm.agents)?;
     let catalog = catalog(registry.agents(), served, gpu)?;
+    check_pins(registry.agents(), &catalog, served)?;
     let placement = router::plan(registry.agents(), &catalog, devices)?;
     Ok(render(&placement, &catalog))
 }
@@ -110,6 +112,43 @@ fn catalog<'a>(
         catalog.alias(agent.model.clone(), id);
     }
     Ok(catalog)
+}
+
+/// Refuses an agent whose system prompt, which the engine keeps pinned in the KV cache beside its
+/// model for as long as the agent exists, would not fit in the agent's own KV reserve.
+fn check_pins<'a>(
+    agents: impl IntoIterator<Item = &'a AgentSpec>,
+    catalog: &ModelCatalog,
+    served: &Path,
+) -> Result<()> {
+    let dir = served.parent().unwrap_or(Path::new("."));
+    let served_id = model_id(served)?;
+    let mut models: BTreeMap<ModelId, ModelInfo> = BTreeMap::new();
+    for agent in agents {
+        let model = catalog
+            .resolve(&agent.model)
+            .context("the catalog holds every agent's model")?;
+        if !models.contains_key(model) {
+            let path = match *model == served_id {
+                true => served.to_path_buf(),
+                false => model_file(dir, model).context("the catalog's models are files")?,
+            };
+            models.insert(model.clone(), ModelInfo::load(&path)?);
+        }
+        let Some(prefix) = agent.system_prefix(&models[model]) else {
+            continue;
+        };
+        let tokens = prefix?.len() as u64;
+        if tokens > agent.kv_reserve_tokens {
+            bail!(
+                "agent `{}`: its system prompt takes {tokens} tokens of KV cache, pinned beside \
+                 model `{model}`, more than its kv_reserve_tokens ({})",
+                agent.name,
+                agent.kv_reserve_tokens
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The GGUF a model id names in `dir`, if there is one. Only plain file names count, so a
@@ -379,6 +418,26 @@ mod tests {
         .to_string();
         assert!(err.starts_with("infeasible placement: agent `"), "{err}");
         assert!(err.contains(&format!("(model `{SMOLLM2}`)")), "{err}");
+    }
+
+    /// An agent's reserve holds its pinned system prompt, or the plan names the agent.
+    #[test]
+    fn a_system_prompt_larger_than_its_reserve_is_refused() {
+        let mut agent = AgentSpec {
+            system_prompt: "You are a careful poet who writes short verses.".into(),
+            ..agent_on("default")
+        };
+        let catalog = catalog([&agent], &served(), SIZING).unwrap();
+        check_pins([&agent], &catalog, &served()).unwrap();
+        agent.kv_reserve_tokens = 8;
+        let err = check_pins([&agent], &catalog, &served())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("agent `poet`: its system prompt takes"),
+            "{err}"
+        );
+        assert!(err.contains("more than its kv_reserve_tokens (8)"), "{err}");
     }
 
     #[test]

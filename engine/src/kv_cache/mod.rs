@@ -7,7 +7,7 @@
 //! - [`manager`]: the policy over both (prefix reuse, eviction to the host, swapping) and the
 //!   per-sequence [`BlockTable`], which frees its blocks when dropped;
 //! - [`storage`]: the memory itself, and the copies between the tiers;
-//! - [`transfer`]: the transfers behind those copies for a cache held as tensors (on a GPU,
+//! - `transfer`: the transfers behind those copies for a cache held as tensors (on a GPU,
 //!   asynchronous, on a copy stream of their own).
 
 pub mod block_pool;

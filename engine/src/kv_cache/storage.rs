@@ -240,7 +240,9 @@ impl KvStorage {
         Ok(())
     }
 
-    /// Runs a step's copies between the tiers, in the order given.
+    /// Runs a step's copies between the tiers, in the order given. For a cache held as tensors
+    /// they may still be under way when this returns (see `DeviceCache`): the step's writes and the
+    /// next copies see them done, and [`KvStorage::settle`] completes them.
     pub fn run_copies(&mut self, copies: &[CopyOp], host: &mut HostStore) -> Result<()> {
         let be = self.layout.block_elems();
         let layers = self.layout.num_layers;

@@ -62,7 +62,7 @@ pub use request::{
 
 use engine_loop::{Command, EngineLoop, LoopSetup, QueueSlot, Submission};
 use kv_cache::{HostStore, KvConfig};
-use model::{Backend, DeviceWeights, Gguf, Llama, LlamaConfig};
+use model::{Backend, Gguf, Llama, LlamaConfig};
 use scheduler::SchedulerConfig;
 
 /// What callers need to know about the served model.
@@ -240,47 +240,24 @@ fn kv_budget(
     })
 }
 
-/// On a GPU, refuses before loading weights that, with the activations, would not fit in its
-/// free memory: a message naming the sizes and the ways out, rather than the driver's
-/// out-of-memory error halfway through the load.
-fn weights_fit_on_device(
-    config: &EngineConfig,
+/// On a GPU, refuses `what` of `bytes` that, with the activations and the headroom, would not
+/// fit in its free memory: a message naming the sizes and `way_out`, rather than the driver's
+/// out-of-memory error halfway through a load or a step.
+fn fits_on_device(
+    spec: &DeviceSpec,
     device: &candle_core::Device,
-    (bytes, form): (usize, DeviceWeights),
+    (what, bytes): (&str, usize),
     activations: usize,
+    way_out: &str,
 ) -> Result<()> {
     let Some((free, _)) = device::memory(device)? else {
         return Ok(());
     };
     if bytes + activations + GPU_HEADROOM > free {
         return Err(EngineError::Device(format!(
-            "{}: the weights of {} as {form} ({} MiB) and {} MiB for activations do not fit in \
-             the {} MiB free (--gpu-weights f16 or quantized take less)",
-            config.device,
-            config.model.display(),
+            "{spec}: {what} ({} MiB) and {} MiB for activations do not fit in the {} MiB free \
+             ({way_out})",
             bytes >> 20,
-            (activations + GPU_HEADROOM) >> 20,
-            free >> 20
-        )));
-    }
-    Ok(())
-}
-
-/// On a GPU, refuses a KV pool that, with the activations, would not fit in its free memory.
-fn fits_on_device(
-    spec: &DeviceSpec,
-    device: &candle_core::Device,
-    kv: usize,
-    activations: usize,
-) -> Result<()> {
-    let Some((free, _)) = device::memory(device)? else {
-        return Ok(());
-    };
-    if kv + activations + GPU_HEADROOM > free {
-        return Err(EngineError::Device(format!(
-            "{spec}: a KV cache of {} MiB and {} MiB for activations do not fit in the {} MiB free \
-             after loading the weights (lower --kv-cache-mb, or use --gpu-memory-utilization)",
-            kv >> 20,
             (activations + GPU_HEADROOM) >> 20,
             free >> 20
         )));
@@ -319,8 +296,16 @@ impl EngineHandle {
         let activations = LlamaConfig::from_gguf(&gguf)?
             .activation_bytes(config.max_step_tokens, config.max_running);
         if let Backend::Tensors { weights, .. } = &backend {
+            let what = format!("the weights of {} as {weights}", config.model.display());
             let bytes = Llama::device_weight_bytes(&gguf, *weights)?;
-            weights_fit_on_device(config, &device, (bytes, *weights), activations)?;
+            let way_out = "--gpu-weights f16 or quantized take less";
+            fits_on_device(
+                &config.device,
+                &device,
+                (&what, bytes),
+                activations,
+                way_out,
+            )?;
         }
         let llama = Llama::load(&mut gguf, &backend)?;
         let layout = llama.config().kv_layout(config.block_size);
@@ -331,8 +316,12 @@ impl EngineHandle {
         fits_on_device(
             &config.device,
             &device,
-            num_blocks * layout.bytes_per_block(),
+            (
+                "a KV cache beside the weights",
+                num_blocks * layout.bytes_per_block(),
+            ),
             activations,
+            "lower --kv-cache-mb, or use --gpu-memory-utilization",
         )?;
         if num_blocks < 2 {
             return Err(EngineError::InvalidRequest(format!(

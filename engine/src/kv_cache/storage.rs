@@ -16,7 +16,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::transfer::{Copier, Download, Upload, MAX_TRANSFER_BYTES};
+use super::transfer::{Copier, Download, Upload, MAX_IN_FLIGHT, MAX_TRANSFER_BYTES};
 use super::{BlockId, CopyOp, HostSlot};
 use crate::Result;
 
@@ -273,9 +273,15 @@ impl KvStorage {
                     for part in run.chunks(per_transfer) {
                         if to_host(&part[0]) {
                             cache.land_all()?;
+                            if cache.outbound.len() >= MAX_IN_FLIGHT {
+                                cache.finish_outbound(host)?;
+                            }
                             cache.send(part, be)?;
                         } else {
                             cache.finish_outbound(host)?;
+                            if cache.inbound.len() >= MAX_IN_FLIGHT {
+                                cache.land_all()?;
+                            }
                             cache.receive(part, host)?;
                         }
                     }
@@ -504,6 +510,53 @@ mod tests {
             LayerKv::Tensors { keys, values } => {
                 let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
                 (flat(keys), flat(values))
+            }
+        }
+    }
+
+    /// Runs longer than one transfer go in parts, a bounded number under way at once, and still
+    /// arrive whole and in order: blocks of 20 MiB (one part each), four out and four back
+    /// reversed in one step's copies, for tensors and arrays alike.
+    #[test]
+    fn runs_of_large_blocks_move_in_parts() {
+        let layout = KvLayout {
+            num_layers: 1,
+            block_size: 1,
+            n_kv_heads: 1,
+            head_dim: 5 << 19,
+        };
+        assert_eq!(MAX_TRANSFER_BYTES / layout.bytes_per_block(), 1);
+        let value = |block: u32, side: f32| side * (block as f32 + 1.0);
+        let to_host = |b: u32| CopyOp::ToHost {
+            block: BlockId(b),
+            slot: HostSlot(b),
+        };
+        let to_device = |b: u32| CopyOp::ToDevice {
+            slot: HostSlot(b),
+            block: BlockId(3 - b),
+        };
+        for mut kv in [
+            KvStorage::new(layout, 4),
+            KvStorage::on_device(layout, 4, &Device::Cpu).unwrap(),
+        ] {
+            let mut host = HostStore::new(layout, 4);
+            for b in 0..4 {
+                let k = vec![value(b, 1.0); layout.head_dim];
+                let v = vec![value(b, -1.0); layout.head_dim];
+                kv.write_token(0, BlockId(b), 0, &k, &v).unwrap();
+            }
+            let copies: Vec<CopyOp> = (0..4).map(to_host).chain((0..4).map(to_device)).collect();
+            kv.run_copies(&copies, &mut host).unwrap();
+            kv.settle(&mut host).unwrap();
+            let (keys, values) = read(&kv, 0);
+            for b in 0..4u32 {
+                let at = layout.offset(BlockId(3 - b), 0, 0);
+                let block = at..at + layout.head_dim;
+                assert!(
+                    keys[block.clone()].iter().all(|x| *x == value(b, 1.0)),
+                    "{b}"
+                );
+                assert!(values[block].iter().all(|x| *x == value(b, -1.0)), "{b}");
             }
         }
     }

@@ -10,9 +10,13 @@ use candle_core::{Device, Tensor};
 
 use crate::Result;
 
-/// The largest transfer, in bytes: a run of copies is split so that each part's staging tensor on
-/// the device (outside the KV budget) stays this small.
-pub const MAX_TRANSFER_BYTES: usize = 64 << 20;
+/// The largest transfer, in bytes: a run of copies is split into parts this size at most, each
+/// with a staging tensor on the device (outside the KV budget) and a pinned host buffer.
+pub const MAX_TRANSFER_BYTES: usize = 32 << 20;
+
+/// Transfers under way each way at most: a longer run waits for the older parts before it
+/// starts another, so that staging never takes more than this many parts of memory.
+pub const MAX_IN_FLIGHT: usize = 2;
 
 /// Moves tensors between a device and the host.
 pub enum Copier {
@@ -142,6 +146,12 @@ mod gpu {
         done: Option<CudaEvent>,
     }
 
+    impl Staging {
+        fn is_free(&self) -> bool {
+            self.done.as_ref().is_none_or(CudaEvent::is_complete)
+        }
+    }
+
     impl Drop for Staging {
         fn drop(&mut self) {
             // The buffer is freed after this: never under a transfer.
@@ -152,14 +162,22 @@ mod gpu {
     }
 
     pub struct PendingDownload {
+        /// Dropped first: its drop waits for the copy, so that `_source` outlives it.
+        staging: Staging,
         /// Kept alive (its memory not reused by the compute stream) until the copy is over.
         _source: Tensor,
-        staging: Staging,
         len: usize,
     }
 
     fn driver(what: &str, e: impl std::fmt::Display) -> EngineError {
         EngineError::Device(format!("{what}: {e}"))
+    }
+
+    impl Drop for StreamCopier {
+        fn drop(&mut self) {
+            // Whatever is still under way finishes before the tensors and buffers it uses go.
+            let _ = self.copy.synchronize();
+        }
     }
 
     impl StreamCopier {
@@ -188,9 +206,13 @@ mod gpu {
             self.copy.record_event(flags).w().map_err(Into::into)
         }
 
-        /// A pinned buffer of at least `len` values, no transfer still using it.
+        /// A pinned buffer of at least `len` values, no transfer still using it: a kept one
+        /// whose transfers are over, else a new one.
         fn staging(&mut self, len: usize) -> Result<Staging> {
-            let fits = self.free.iter().position(|s| s.buffer.len() >= len);
+            let fits = self
+                .free
+                .iter()
+                .position(|s| s.buffer.len() >= len && s.is_free());
             let staging = match fits {
                 Some(i) => self.free.swap_remove(i),
                 None => {
@@ -209,10 +231,15 @@ mod gpu {
             Ok(staging)
         }
 
+        /// Keeps `staging` for reuse, making room by dropping a kept buffer no transfer uses
+        /// (a drop waits for its transfers; this never does).
         fn recycle(&mut self, staging: Staging) {
-            if self.free.len() < KEPT_BUFFERS {
-                self.free.push(staging);
+            if self.free.len() >= KEPT_BUFFERS {
+                if let Some(i) = self.free.iter().position(Staging::is_free) {
+                    self.free.swap_remove(i);
+                }
             }
+            self.free.push(staging);
         }
 
         /// The host memory of `staging`, `len` values.
@@ -241,8 +268,8 @@ mod gpu {
             }
             staging.done = Some(self.copy_so_far()?);
             Ok(PendingDownload {
-                _source: data,
                 staging,
+                _source: data,
                 len,
             })
         }

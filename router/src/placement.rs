@@ -411,32 +411,31 @@ fn place_group(
 ) -> Result<()> {
     let mut left: Vec<&Demand> = group.demands.iter().collect();
     while let Some(largest) = left.first() {
-        // (device index, free bytes, room for KV after a replica) of the devices that could
-        // take a new replica.
-        let candidates: Vec<(usize, u64, u64)> = loads
+        // (device index, room for KV after a replica) of the devices that could take a new
+        // replica.
+        let candidates: Vec<(usize, u64)> = loads
             .iter()
             .enumerate()
             .filter(|(_, l)| !l.models.contains(group.model))
             .filter_map(|(i, l)| {
                 let replica = group.footprint.replica_bytes(&l.device);
-                let free = l.free_bytes();
-                free.checked_sub(replica).map(|room| (i, free, room))
+                l.free_bytes().checked_sub(replica).map(|room| (i, room))
             })
             .collect();
         let all_left = need(0, left.iter().copied());
         let best_fit = candidates
             .iter()
-            .filter(|(_, _, room)| *room >= all_left)
-            .min_by_key(|(i, free, _)| (*free, *i));
-        if let Some(&(device, _, _)) = best_fit {
+            .filter(|(_, room)| *room >= all_left)
+            .min_by_key(|(i, room)| (*room, *i));
+        if let Some(&(device, _)) = best_fit {
             host(&mut loads[device], group, &left, placed);
             return Ok(());
         }
         let roomiest = candidates
             .iter()
-            .max_by_key(|(i, _, room)| (*room, Reverse(*i)))
-            .filter(|(_, _, room)| *room >= largest.kv_bytes);
-        let Some(&(device, _, mut room)) = roomiest else {
+            .max_by_key(|(i, room)| (*room, Reverse(*i)))
+            .filter(|(_, room)| *room >= largest.kv_bytes);
+        let Some(&(device, mut room)) = roomiest else {
             return Err(infeasible(group, largest, loads));
         };
         let (taken, rest): (Vec<&Demand>, Vec<&Demand>) = left.into_iter().partition(|d| {

@@ -333,6 +333,30 @@ fn run_index(run: &[CopyOp], be: usize, device: &Device) -> Result<Tensor> {
     })
 }
 
+/// The host slots of a run of copies.
+fn run_slots(run: &[CopyOp]) -> Vec<HostSlot> {
+    run.iter()
+        .map(|c| match *c {
+            CopyOp::ToHost { slot, .. } | CopyOp::ToDevice { slot, .. } => slot,
+        })
+        .collect()
+}
+
+/// Each block part of a run's staging, laid out `[layers, 2 (keys, values), blocks,
+/// block_elems]`: `(slot, layer, side, offset)`.
+fn staged(
+    slots: &[HostSlot],
+    layers: usize,
+    be: usize,
+) -> impl Iterator<Item = (HostSlot, usize, usize, usize)> + '_ {
+    let n = slots.len();
+    slots.iter().enumerate().flat_map(move |(i, &slot)| {
+        (0..layers).flat_map(move |layer| {
+            (0..2).map(move |side| (slot, layer, side, ((layer * 2 + side) * n + i) * be))
+        })
+    })
+}
+
 impl DeviceCache {
     fn num_layers(&self) -> usize {
         self.keys.len()
@@ -349,30 +373,19 @@ impl DeviceCache {
             }
         }
         let download = self.copier.download(Tensor::stack(&parts, 0)?)?;
-        let slots = run
-            .iter()
-            .filter_map(|c| match *c {
-                CopyOp::ToHost { slot, .. } => Some(slot),
-                CopyOp::ToDevice { .. } => None,
-            })
-            .collect();
+        let slots = run_slots(run);
         self.outbound.push(Outbound { slots, download });
         Ok(())
     }
 
     /// Lands every run gathered for the host in its slots.
     fn finish_outbound(&mut self, host: &mut HostStore) -> Result<()> {
-        let be = host.layout.block_elems();
+        let (layers, be) = (host.layout.num_layers, host.layout.block_elems());
         for Outbound { slots, download } in self.outbound.drain(..) {
-            let n = slots.len();
             self.copier.finish(download, |data| {
-                for (i, &slot) in slots.iter().enumerate() {
-                    for (layer, side) in (0..host.layout.num_layers).flat_map(|l| [(l, 0), (l, 1)])
-                    {
-                        let at = ((layer * 2 + side) * n + i) * be;
-                        host.part_mut(slot, layer, side)
-                            .copy_from_slice(&data[at..at + be]);
-                    }
+                for (slot, layer, side, at) in staged(&slots, layers, be) {
+                    host.part_mut(slot, layer, side)
+                        .copy_from_slice(&data[at..at + be]);
                 }
             })?;
         }
@@ -384,22 +397,15 @@ impl DeviceCache {
         let be = host.layout.block_elems();
         let device = self.keys[0].device().clone();
         let index = run_index(run, be, &device)?;
-        let slots: Vec<HostSlot> = run
-            .iter()
-            .filter_map(|c| match *c {
-                CopyOp::ToDevice { slot, .. } => Some(slot),
-                CopyOp::ToHost { .. } => None,
-            })
-            .collect();
-        let (layers, n) = (self.num_layers(), slots.len());
-        let upload = self.copier.upload(&device, (layers, 2 * n, be), |data| {
-            for (i, &slot) in slots.iter().enumerate() {
-                for (layer, side) in (0..layers).flat_map(|l| [(l, 0), (l, 1)]) {
-                    let at = ((layer * 2 + side) * n + i) * be;
+        let slots = run_slots(run);
+        let layers = self.num_layers();
+        let upload = self
+            .copier
+            .upload(&device, (layers, 2 * slots.len(), be), |data| {
+                for (slot, layer, side, at) in staged(&slots, layers, be) {
                     data[at..at + be].copy_from_slice(host.part(slot, layer, side));
                 }
-            }
-        })?;
+            })?;
         self.inbound.push(Inbound {
             index,
             upload,

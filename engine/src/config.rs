@@ -44,6 +44,11 @@ pub struct EngineConfig {
     /// Reuse the KV blocks of prompt prefixes seen before (automatic prefix caching).
     #[arg(long, env = "SWARMGATE_PREFIX_CACHE", default_value_t = true, action = clap::ArgAction::Set)]
     pub prefix_cache: bool,
+    /// Serve agent runs first come, first served by each run's first arrival (within a priority
+    /// class), so a run's later turns do not queue behind runs that started after it; false:
+    /// every request by its own arrival.
+    #[arg(long, env = "SWARMGATE_RUN_SCHEDULING", default_value_t = true, action = clap::ArgAction::Set)]
+    pub run_scheduling: bool,
     /// Tokens per KV block.
     #[arg(long, env = "SWARMGATE_BLOCK_SIZE", default_value_t = 16)]
     pub block_size: usize,
@@ -79,6 +84,7 @@ impl Default for EngineConfig {
             device_kv_blocks: None,
             host_kv_cache_mb: 2048,
             prefix_cache: true,
+            run_scheduling: true,
             block_size: 16,
             max_step_tokens: 256,
             max_running: 64,

@@ -12,6 +12,12 @@
 //! prefix hits, evictions to the host) in one batch, run the forward pass, score prompt tokens,
 //! sample.
 //!
+//! Agent runs ([`crate::runs`]): a request that is a turn of a run takes its run's place in the
+//! queue; when a turn ends as its retention says (in tool calls, say), its blocks are held on
+//! the device for a time-to-live priced by the run's program's pauses, until the run's next turn
+//! is admitted or the time is up. The loop lets expired holds go at each turn, and wakes for
+//! them when idle, so the figures it publishes stay true.
+//!
 //! Prompt log-probabilities are computed chunk by chunk: a chunk of a sequence scoring its prompt
 //! returns logits for every token, and its rows are reduced to entries (the token after each
 //! position, and the top alternatives) and dropped in the step that made them, so the logits
@@ -22,9 +28,9 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use candle_core::D;
 use rayon::prelude::*;
@@ -34,7 +40,10 @@ use tokio::sync::mpsc::Sender;
 use crate::constraint::Constraint;
 use crate::kv_cache::{BlockKey, HostStore, KvConfig, KvCounters, KvGauges, KvManager, KvStorage};
 use crate::model::{ForwardBatch, Llama, Logits};
-use crate::request::{Event, FinishReason, GenerateRequest, RequestId, TokenLogprob, Usage};
+use crate::request::{
+    Event, FinishReason, GenerateRequest, RequestId, Retention, RunTurn, TokenLogprob, Usage,
+};
+use crate::runs::Runs;
 use crate::sampler::{self, Sampled, Sampler};
 use crate::scheduler::{PlanItem, Scheduler, SchedulerConfig, StepPlan};
 use crate::sequence::Sequence;
@@ -191,6 +200,8 @@ struct Output {
     pin: Option<u64>,
     /// Set while the prompt is being scored; taken when its event is sent.
     prompt_logprobs: Option<PromptLogprobs>,
+    run: Option<RunTurn>,
+    retention: Option<Retention>,
 }
 
 /// A prompt's log-probabilities as its chunks run.
@@ -217,6 +228,8 @@ pub(crate) struct LoopSetup {
     pub scheduler: SchedulerConfig,
     pub tokenizer: Arc<Tokenizer>,
     pub eos: Vec<u32>,
+    /// Order waiting work by its run's first arrival.
+    pub run_scheduling: bool,
 }
 
 pub(crate) struct EngineLoop {
@@ -230,6 +243,8 @@ pub(crate) struct EngineLoop {
     eos: Vec<u32>,
     commands: Receiver<Command>,
     next_arrival: u64,
+    runs: Runs,
+    run_scheduling: bool,
     stats: Arc<EngineStats>,
 }
 
@@ -243,6 +258,7 @@ impl EngineLoop {
             scheduler,
             tokenizer,
             eos,
+            run_scheduling,
         } = setup;
         Self {
             model,
@@ -255,6 +271,8 @@ impl EngineLoop {
             eos,
             commands,
             next_arrival: 0,
+            runs: Runs::default(),
+            run_scheduling,
             stats,
         }
     }
@@ -286,8 +304,11 @@ impl EngineLoop {
             return false;
         }
         self.reap();
+        self.expire_holds();
         if !self.scheduler.is_idle() {
+            self.observe_pressure();
             let plan = self.scheduler.schedule();
+            self.on_admitted(&plan);
             let kv = self.scheduler.kv();
             let copies = kv.take_copies();
             let started = Instant::now();
@@ -304,6 +325,8 @@ impl EngineLoop {
             s.copy_nanos
                 .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             kv.copies_done();
+            let copy_secs = started.elapsed().as_secs_f64();
+            self.runs.observe_copies(copies.len(), copy_secs);
             // Published before the step's events, so that a client reading the figures after
             // its answer sees what its admission did (prefix hits, swaps).
             self.publish_stats();
@@ -332,13 +355,25 @@ impl EngineLoop {
         }
     }
 
-    /// Takes new commands: waits for one when idle, else drains what is there. Returns false
-    /// when the engine should stop.
+    /// Takes new commands: waits for one when idle (no longer than until the next hold
+    /// expires), else drains what is there. Returns false when the engine should stop.
     fn receive(&mut self) -> bool {
         if self.scheduler.is_idle() {
-            match self.commands.recv() {
-                Ok(cmd) => self.handle(cmd),
-                Err(_) => return false,
+            let received = match self.runs.next_expiry() {
+                Some(at) => {
+                    let wait = at.saturating_duration_since(Instant::now());
+                    match self.commands.recv_timeout(wait) {
+                        Ok(cmd) => Ok(Some(cmd)),
+                        Err(RecvTimeoutError::Timeout) => Ok(None),
+                        Err(RecvTimeoutError::Disconnected) => Err(()),
+                    }
+                }
+                None => self.commands.recv().map(Some).map_err(|_| ()),
+            };
+            match received {
+                Ok(Some(cmd)) => self.handle(cmd),
+                Ok(None) => {}
+                Err(()) => return false,
             }
         }
         loop {
@@ -436,11 +471,30 @@ impl EngineLoop {
                 slot,
                 pin,
                 prompt_logprobs,
+                run: request.run.clone(),
+                retention: request.retention.clone(),
             },
         );
         self.next_arrival += 1;
+        let arrival = self.next_arrival;
+        let run_arrival = request.run.as_ref().map_or(arrival, |run| {
+            let first = match run.warm_up {
+                true => self.runs.first_arrival(&run.id).unwrap_or(arrival),
+                false => self.runs.arrive(&run.id, arrival, Instant::now()),
+            };
+            if self.run_scheduling {
+                first
+            } else {
+                arrival
+            }
+        });
+        let expected = request
+            .expected_output_tokens
+            .map_or(0, |t| t.min(request.max_tokens));
         let table = self.scheduler.kv().table().salted(request.cache_salt);
-        let mut seq = Sequence::new(id, prompt, table, request.priority, self.next_arrival);
+        let mut seq = Sequence::new(id, prompt, table, request.priority, arrival)
+            .in_run(run_arrival)
+            .expecting(expected);
         if request.prompt_logprobs.is_some() {
             seq = seq.with_prompt_logprobs();
         }
@@ -573,6 +627,11 @@ impl EngineLoop {
         s.prefill_nanos.fetch_add(prefill_nanos, Ordering::Relaxed);
         s.decode_nanos
             .fetch_add(elapsed - prefill_nanos, Ordering::Relaxed);
+        self.runs.observe_step(
+            prefill as usize,
+            (prefill + decode) as usize,
+            elapsed as f64 * 1e-9,
+        );
     }
 
     /// Whether `plan` has logits rows, and every one is a plain greedy sampler's to argmax.
@@ -719,6 +778,13 @@ impl EngineLoop {
                 });
             }
         }
+        if let (Some(seq), Some(retention)) = (prefilled, out.retention.take()) {
+            self.retain(seq, out.run.as_ref(), &retention);
+        } else if let Some(run) = out.run.as_ref().filter(|run| !run.warm_up) {
+            if let Some(old) = self.runs.ended(&run.id, None, None, Instant::now()) {
+                self.scheduler.kv().unhold(&old, false);
+            }
+        }
         let usage = seq.map_or_else(Usage::default, |s| Usage {
             prompt_tokens: s.prompt_len(),
             completion_tokens: s.num_generated(),
@@ -730,6 +796,82 @@ impl EngineLoop {
             usage,
             error: error.map(str::to_owned),
         });
+    }
+
+    /// A turn ended normally with a retention: when its answer is what the retention waits for,
+    /// hold its blocks for the time the run's program's pauses make worth it.
+    fn retain(&mut self, seq: &Sequence, run: Option<&RunTurn>, retention: &Retention) {
+        let answer = &seq.tokens()[seq.prompt_len()..];
+        let waits = match &retention.if_answer_starts_with {
+            None => true,
+            // No token is shorter than a byte: the opening is within its length in tokens.
+            Some(opening) => {
+                let head = &answer[..answer.len().min(opening.len() + 8)];
+                self.tokenizer
+                    .decode(head, true)
+                    .is_ok_and(|text| text.trim_start().starts_with(opening.as_str()))
+            }
+        };
+        let now = Instant::now();
+        // A run-less request holds under a name of its own, which no turn will ever claim.
+        let holder = run.map_or_else(|| format!("\0request {}", seq.id.0), |r| r.id.clone());
+        let paused = run.filter(|_| waits && retention.if_answer_starts_with.is_some());
+        let hold = waits.then(|| {
+            let kv = self.scheduler.kv();
+            let keys = seq.blocks.prefix_keys(seq.num_computed());
+            let ttl = match (retention.adaptive, run) {
+                (true, Some(run)) => {
+                    let size = (keys.len(), keys.len() * kv.block_size());
+                    let g = kv.gauges();
+                    let host_room = g.host_free + g.host_cached >= keys.len();
+                    let max = retention.max_secs;
+                    let ttl = self
+                        .runs
+                        .ttl(&run.program, size, g.device_total, host_room, max);
+                    tracing::debug!(run = %run.id, ttl_ms = ttl.as_millis(), "turn held");
+                    ttl
+                }
+                _ => Duration::from_secs_f64(retention.max_secs),
+            };
+            (keys, now + ttl)
+        });
+        let hold = hold.filter(|(_, until)| *until > now).inspect(|(keys, _)| {
+            self.scheduler.kv().hold(keys);
+        });
+        let program = paused.map(|r| r.program.as_str());
+        let replaced = match run.is_some_and(|r| r.warm_up) {
+            // A warm-up holds its run's next prefix; the run's last turn still waits.
+            true => self.runs.hold(&holder, hold, now),
+            false => self.runs.ended(&holder, program, hold, now),
+        };
+        if let Some(old) = replaced {
+            self.scheduler.kv().unhold(&old, false);
+        }
+    }
+
+    /// The runs whose turns `plan` admitted take back the blocks their last turns left held.
+    fn on_admitted(&mut self, plan: &StepPlan) {
+        for id in &plan.admitted {
+            let run = self.outputs.get(id).and_then(|out| out.run.as_ref());
+            if let Some(keys) = run.and_then(|run| self.runs.admitted(&run.id)) {
+                self.scheduler.kv().unhold(&keys, false);
+            }
+        }
+    }
+
+    /// Lets go of the holds whose time is up.
+    fn expire_holds(&mut self) {
+        for keys in self.runs.expire(Instant::now()) {
+            self.scheduler.kv().unhold(&keys, true);
+        }
+    }
+
+    /// Measures how much of the device pool the work in the engine wants.
+    fn observe_pressure(&mut self) {
+        let g = self.scheduler.kv().gauges();
+        let demand = g.device_used + self.scheduler.waiting_demand_blocks();
+        self.runs
+            .observe_pressure(demand as f64 / g.device_total.max(1) as f64);
     }
 
     fn publish_stats(&self) {

@@ -31,6 +31,7 @@ pub mod error;
 pub mod kv_cache;
 pub mod model;
 pub mod request;
+pub mod runs;
 pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
@@ -56,8 +57,8 @@ pub use error::{EngineError, Result};
 pub use model::chat_prompt::{ChatEncoder, ChatPrompt};
 pub use model::chat_template::{ChatMessage, ChatTemplate};
 pub use request::{
-    CacheSalt, Event, FinishReason, GenerateRequest, Prompt, RequestId, ResponseFormat,
-    SamplingParams, TokenLogprob, Usage,
+    CacheSalt, Event, FinishReason, GenerateRequest, Prompt, RequestId, ResponseFormat, Retention,
+    RunTurn, SamplingParams, TokenLogprob, Usage,
 };
 
 use engine_loop::{Command, EngineLoop, LoopSetup, QueueSlot, Submission};
@@ -127,6 +128,9 @@ impl ModelInfo {
             .sampling
             .validate()
             .map_err(EngineError::InvalidRequest)?;
+        if let Some(retention) = &request.retention {
+            retention.validate().map_err(EngineError::InvalidRequest)?;
+        }
         if request.max_tokens == 0 {
             return Err(EngineError::InvalidRequest(
                 "max_tokens must be at least 1".into(),
@@ -353,6 +357,7 @@ impl EngineHandle {
             prefix_caching: config.prefix_cache,
             salt: kv_cache::prefix::model_salt(&model_info.id),
         };
+        let run_scheduling = config.run_scheduling;
         let scheduler = SchedulerConfig {
             max_step_tokens: config.max_step_tokens,
             max_running: config.max_running,
@@ -385,6 +390,7 @@ impl EngineHandle {
                     scheduler,
                     tokenizer,
                     eos,
+                    run_scheduling,
                 };
                 pool.install(move || EngineLoop::new(setup, rx, loop_stats).run())
             })

@@ -129,6 +129,62 @@ pub struct GenerateRequest {
     /// Whose prefix-cache blocks this request may find; `None`: everyone's.
     #[serde(default)]
     pub cache_salt: Option<CacheSalt>,
+    /// The agent run this request is a turn of, if any.
+    #[serde(default)]
+    pub run: Option<RunTurn>,
+    /// Keep this request's KV blocks on the device after it ends, for the turn that follows.
+    #[serde(default)]
+    pub retention: Option<Retention>,
+    /// Tokens the caller expects the answer to take (the agent hint `osl`): admission waits
+    /// until they fit beside the prompt, so that the answer is not preempted halfway.
+    #[serde(default)]
+    pub expected_output_tokens: Option<usize>,
+}
+
+/// A turn of an agent run: a program that calls the model, runs a tool for a second or a
+/// minute, then calls it again with everything so far. Within a priority class the engine
+/// serves runs first come, first served by the run's first arrival, so a run's later turns do
+/// not queue behind runs that started after it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RunTurn {
+    /// Names the run: the same for each of its turns.
+    pub id: String,
+    /// The kind of program (its agent): the pauses between turns are learned per program.
+    pub program: String,
+    /// Not a turn but the prefill of the run's next one, ahead of it (speculative prefill): it
+    /// neither is the turn its pause is measured to, nor ends one.
+    #[serde(default)]
+    pub warm_up: bool,
+}
+
+/// Keeping a finished request's KV blocks on the device for a while, for the turn that follows
+/// (it arrives with the same prefix and finds them in the prefix cache). Held blocks are evicted
+/// only after every plain cached block; a hold ends when the run's next turn is admitted or its
+/// time is up, and its blocks join the LRU order like any others.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Retention {
+    /// Only when the answer starts with this text (the opening of a tool-call envelope: the
+    /// turn waits for a tool); `None`: always.
+    pub if_answer_starts_with: Option<String>,
+    /// The longest the blocks are held, in seconds.
+    pub max_secs: f64,
+    /// The engine picks the time, at most `max_secs`, from the pauses it has seen between the
+    /// program's turns and from what recomputing the blocks would cost; else exactly `max_secs`.
+    pub adaptive: bool,
+}
+
+/// The longest retention a request may ask for, in seconds.
+pub const MAX_RETENTION_SECS: f64 = 86_400.0;
+
+impl Retention {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.max_secs.is_finite() && (0.0..=MAX_RETENTION_SECS).contains(&self.max_secs)) {
+            return Err(format!(
+                "a retention lasts between 0 and {MAX_RETENTION_SECS} seconds"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Who may share a request's prefix-cache blocks, as vLLM's `cache_salt`: the blocks past its
@@ -178,6 +234,9 @@ impl GenerateRequest {
             response_format: ResponseFormat::Text,
             score_tokens: Vec::new(),
             cache_salt: None,
+            run: None,
+            retention: None,
+            expected_output_tokens: None,
         }
     }
 }

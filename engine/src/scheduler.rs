@@ -9,16 +9,20 @@
 //! Each step, under a per-step token budget:
 //! 1. every decoding sequence gets its one token (so a long prompt never stalls them);
 //! 2. running sequences still filling their cache get a chunk (chunked prefill);
-//! 3. waiting sequences are admitted, highest priority then first come first served, while their
-//!    first chunk's blocks fit (keeping a small watermark free for decodes). The queue head is
-//!    never skipped, so a large request cannot be starved by small ones.
+//! 3. waiting sequences are admitted, highest priority, then by their agent run's first arrival
+//!    (program-level first come first served: a run's later turns do not queue behind runs that
+//!    started after it), then first come first served, while their first chunk's blocks fit
+//!    (keeping a small watermark free for decodes, and, while others run, room for the output a
+//!    sequence is expected to make). The queue head is never skipped, so a large request cannot
+//!    be starved by small ones.
 //!
 //! Admission first reuses every leading block the prefix cache holds (device or host tier), so
 //! only the rest of the prompt is computed; except for a sequence scoring its prompt, which needs
 //! the logits of every prompt position and so computes them all (its chunks ask for every row).
 //!
-//! When a decoding sequence needs a block and none can be had, the newest sequence of the lowest
-//! priority that is not yet scheduled this step is preempted: its blocks are swapped out to the
+//! When a decoding sequence needs a block and none can be had, the last in that order (the
+//! newest run's newest sequence of the lowest priority) that is not yet scheduled this step is
+//! preempted: its blocks are swapped out to the
 //! host tier (or, when the host tier is full, dropped, to be recomputed from its tokens) and it
 //! goes back to the waiting queue; admission swaps it back in.
 
@@ -59,6 +63,8 @@ pub struct StepPlan {
     pub items: Vec<PlanItem>,
     /// Sequences that cannot progress even with the whole pool: they must be ended.
     pub unservable: Vec<RequestId>,
+    /// Sequences admitted (or swapped back in) by this plan.
+    pub admitted: Vec<RequestId>,
 }
 
 impl StepPlan {
@@ -117,6 +123,12 @@ impl Scheduler {
 
     pub fn num_running(&self) -> usize {
         self.running.len()
+    }
+
+    /// Blocks the waiting sequences would need to hold their tokens.
+    pub fn waiting_demand_blocks(&self) -> usize {
+        let tokens = self.waiting.iter().map(|s| s.tokens().len());
+        tokens.map(|t| self.blocks_for(t)).sum()
     }
 
     pub fn is_idle(&self) -> bool {
@@ -268,7 +280,20 @@ impl Scheduler {
                     false => seq.reuse_prefix(),
                 });
             }
-            let n = self.fit(&seq, seq.num_pending().min(*budget), reserve);
+            // A new sequence is admitted once the rest of its prompt and its expected output fit
+            // beside the others (alone, whatever fits: it could never wait for more).
+            let expected = match lookup.is_some() && !self.running.is_empty() {
+                true => {
+                    let len = seq.tokens().len();
+                    self.blocks_for(len + seq.expected_output) - self.blocks_for(len)
+                }
+                false => 0,
+            };
+            let pending = seq.num_pending();
+            let n = match expected > 0 && self.fit(&seq, pending, reserve + expected) < pending {
+                true => 0,
+                false => self.fit(&seq, pending.min(*budget), reserve),
+            };
             if n == 0 {
                 // Only a new sequence can get here (a swap-in checked its room): give back the
                 // prefix blocks it took and wait.
@@ -285,6 +310,7 @@ impl Scheduler {
                 seq.admitted_with(hit);
             }
             let decode = seq.is_decoding();
+            plan.admitted.push(seq.id);
             let i = insert_sorted(&mut self.running, seq);
             self.plan_item(plan, i, n, decode);
             *budget -= n;
@@ -477,6 +503,50 @@ mod tests {
         let plan = step(&mut s);
         assert_eq!(plan.items.len(), 1);
         assert_eq!(plan.items[0].id, RequestId(2));
+    }
+
+    /// Admits every waiting sequence and returns the order.
+    fn admission_order(s: &mut Scheduler) -> Vec<u64> {
+        let mut order = Vec::new();
+        while s.num_waiting() > 0 {
+            let plan = step(s);
+            order.extend(plan.admitted.iter().map(|id| id.0));
+        }
+        order
+    }
+
+    #[test]
+    fn later_turns_of_a_run_go_before_runs_that_started_after_it() {
+        // Runs a (first arrival 1), b (2) and c (5); turns arrive interleaved.
+        let turns = [(1, 1), (2, 2), (3, 1), (4, 2), (5, 5), (6, 1)];
+        let mut s = scheduler(256, 64);
+        for (id, run) in turns {
+            s.add(seq(&s, id, 4, 0).in_run(run));
+        }
+        assert_eq!(admission_order(&mut s), [1, 3, 6, 2, 4, 5]);
+        // Without runs, request by request; a priority class still comes first.
+        let mut s = scheduler(256, 64);
+        for (id, _) in turns {
+            s.add(seq(&s, id, 4, i32::from(id == 4)));
+        }
+        assert_eq!(admission_order(&mut s), [4, 1, 2, 3, 5, 6]);
+    }
+
+    #[test]
+    fn an_expected_output_waits_for_room_beside_the_others() {
+        // 10 blocks of 4 tokens (1 kept free): 1 holds 2; 2 expects 24 tokens (6 blocks) on top
+        // of its 2, which do not fit beside 1 until 1 is gone.
+        let mut s = scheduler(10, 64);
+        s.add(seq(&s, 1, 7, 0).expecting(0));
+        step(&mut s);
+        s.add(seq(&s, 2, 7, 0).expecting(24));
+        assert!(step(&mut s).admitted.is_empty());
+        assert_eq!(s.num_waiting(), 1);
+        s.remove(RequestId(1));
+        assert_eq!(step(&mut s).admitted, [RequestId(2)], "alone, it runs");
+        // Expecting 16 (4 blocks) fits beside it.
+        s.add(seq(&s, 3, 7, 0).expecting(16));
+        assert_eq!(step(&mut s).admitted, [RequestId(3)]);
     }
 
     #[test]

@@ -26,12 +26,17 @@ pub struct Sequence {
     /// computed, so that a recompute after preemption is an ordinary prefill.
     prompt_logprobs: bool,
     pub priority: i32,
-    /// Admission order: earlier arrivals of a priority class run first.
+    /// When its agent run first arrived (its own arrival when it is no run's turn, or runs are
+    /// not scheduled): within a priority class, runs are served first come, first served.
+    pub run_arrival: u64,
+    /// Admission order: earlier arrivals of a run (or class) run first.
     pub arrival: u64,
+    /// Output tokens admission leaves room for (the caller's expectation, up to its maximum).
+    pub expected_output: usize,
 }
 
-/// Sort key: higher priority first, then first come, first served.
-pub type OrderKey = (Reverse<i32>, u64);
+/// Sort key: higher priority first, then the earlier run, then first come, first served.
+pub type OrderKey = (Reverse<i32>, u64, u64);
 
 impl Sequence {
     pub fn new(
@@ -51,8 +56,22 @@ impl Sequence {
             cached_tokens: None,
             prompt_logprobs: false,
             priority,
+            run_arrival: arrival,
             arrival,
+            expected_output: 0,
         }
+    }
+
+    /// The same sequence, as a turn of a run that first arrived at `run_arrival`.
+    pub fn in_run(mut self, run_arrival: u64) -> Self {
+        self.run_arrival = run_arrival;
+        self
+    }
+
+    /// The same sequence, expected to generate `tokens` tokens.
+    pub fn expecting(mut self, tokens: usize) -> Self {
+        self.expected_output = tokens;
+        self
     }
 
     /// The same sequence, with its prompt to be scored.
@@ -67,7 +86,7 @@ impl Sequence {
     }
 
     pub fn key(&self) -> OrderKey {
-        (Reverse(self.priority), self.arrival)
+        (Reverse(self.priority), self.run_arrival, self.arrival)
     }
 
     pub fn tokens(&self) -> &[u32] {

@@ -7,7 +7,11 @@
 //!   block, first copying it to the host tier (unless the host already has it);
 //! - *swapping*: a preempted sequence's blocks are copied to the host tier and freed, and copied
 //!   back into new blocks when it resumes;
-//! - *pinning*: pinned prefix blocks stay on the device.
+//! - *pinning*: pinned prefix blocks stay on the device;
+//! - *retention*: held blocks (a turn that ended in tool calls, kept for its follow-up) are
+//!   evicted only after every plain cached block, so pressure demotes them to the host tier
+//!   before it costs anyone a recomputation; a hold ends when let go, or when its block is
+//!   evicted.
 //!
 //! Data never moves here. Every copy is queued as a [`CopyOp`]; the engine loop runs the step's copies
 //! in one batch after scheduling and before the forward pass (device-to-host first, then
@@ -62,6 +66,14 @@ pub struct KvCounters {
     pub host_evictions: u64,
     pub swapped_out_blocks: u64,
     pub swapped_in_blocks: u64,
+    /// Blocks put under a retention hold.
+    pub retained_blocks: u64,
+    /// Prefix hits on held blocks.
+    pub retained_hit_blocks: u64,
+    /// Held blocks evicted while held, under pressure (to the host tier, when it has room).
+    pub retained_demoted_blocks: u64,
+    /// Holds that ran out their time with the block still on the device.
+    pub retention_expired_blocks: u64,
 }
 
 /// Current occupancy of both tiers, in blocks.
@@ -73,6 +85,8 @@ pub struct KvGauges {
     /// Unreferenced blocks kept for prefix reuse (evictable).
     pub device_cached: usize,
     pub device_pinned: usize,
+    /// Blocks under a retention hold.
+    pub device_retained: usize,
     pub host_total: usize,
     pub host_free: usize,
     pub host_cached: usize,
@@ -113,8 +127,9 @@ impl KvState {
         if let Some(b) = self.device.take_free() {
             return Some(b);
         }
-        let (b, key) = self.device.take_evicted()?;
+        let (b, key, held) = self.device.take_evicted()?;
         self.counters.device_evictions += 1;
+        self.counters.retained_demoted_blocks += u64::from(held);
         #[cfg(test)]
         self.eviction_log.push(b);
         if self.host.capacity() > 0 && !self.host.contains(&key) {
@@ -229,6 +244,27 @@ impl KvManager {
         }
     }
 
+    /// Holds the cached device blocks with `keys` (see [`DevicePool::hold`]); returns how many
+    /// were found and held.
+    ///
+    /// [`DevicePool::hold`]: super::block_pool::DevicePool::hold
+    pub fn hold(&self, keys: &[BlockKey]) -> usize {
+        let mut s = self.state.borrow_mut();
+        let held = keys.iter().filter(|k| s.device.hold(k)).count();
+        s.counters.retained_blocks += held as u64;
+        held
+    }
+
+    /// Lets go of one [`KvManager::hold`] of `keys`: the follow-up came (`expired` false), or
+    /// the time ran out (`expired`, counted). Blocks evicted meanwhile are skipped.
+    pub fn unhold(&self, keys: &[BlockKey], expired: bool) {
+        let mut s = self.state.borrow_mut();
+        let let_go = keys.iter().filter(|k| s.device.unhold(k)).count();
+        if expired {
+            s.counters.retention_expired_blocks += let_go as u64;
+        }
+    }
+
     pub fn counters(&self) -> KvCounters {
         self.state.borrow().counters
     }
@@ -241,6 +277,7 @@ impl KvManager {
             device_used: s.device.num_used(),
             device_cached: s.device.num_evictable(),
             device_pinned: s.device.num_pinned(),
+            device_retained: s.device.num_held(),
             host_total: s.host.capacity(),
             host_free: s.host.num_free(),
             host_cached: s.host.num_cached(),
@@ -255,6 +292,10 @@ impl KvManager {
 
     pub fn is_pinned(&self, b: BlockId) -> bool {
         self.state.borrow().device.is_pinned(b)
+    }
+
+    pub fn is_held(&self, b: BlockId) -> bool {
+        self.state.borrow().device.is_held(b)
     }
 
     /// Blocks evicted since the last call, in order.
@@ -365,7 +406,8 @@ impl BlockTable {
             &mut self.keys,
         );
         for key in &self.keys[..usable] {
-            if let Some(b) = s.device.acquire_cached(key) {
+            if let Some((b, held)) = s.device.acquire_cached(key) {
+                s.counters.retained_hit_blocks += u64::from(held);
                 self.blocks.push(b);
                 hit.device_tokens += bs;
                 continue;
@@ -627,6 +669,13 @@ mod tests {
         Grow(usize),
         Pin(usize),
         Unpin(usize),
+        /// A turn ends in tool calls: its blocks are held, then the sequence finishes.
+        Retain(usize),
+        /// A hold is let go: its follow-up came, or its time ran out.
+        LetGo {
+            hold: usize,
+            expired: bool,
+        },
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -639,6 +688,8 @@ mod tests {
             1 => any::<usize>().prop_map(Op::Grow),
             1 => any::<usize>().prop_map(Op::Pin),
             1 => any::<usize>().prop_map(Op::Unpin),
+            1 => any::<usize>().prop_map(Op::Retain),
+            1 => (any::<usize>(), any::<bool>()).prop_map(|(hold, expired)| Op::LetGo { hold, expired }),
         ]
     }
 
@@ -694,10 +745,11 @@ mod tests {
 
     proptest! {
         /// Over random allocate / share prefix / finish / cancel / preempt / swap out / swap in /
-        /// evict / pin: the books stay consistent after every operation, evictions follow LRU
-        /// order, pinned blocks are never evicted, every sequence's blocks hold its own keys and
-        /// values after each step's copies (shared, copied back from the host or swapped in),
-        /// and nothing leaks.
+        /// evict / pin / retain / let go or expire: the books stay consistent after every
+        /// operation, evictions follow LRU order with held blocks last (demoted only once no
+        /// plain cached block is left), pinned blocks are never evicted, every sequence's blocks
+        /// hold its own keys and values after each step's copies (shared, copied back from the
+        /// host or swapped in), and once every hold has expired nothing leaks.
         #[test]
         fn kv_invariants(ops in prop::collection::vec(op(), 1..150), blocks in 4usize..20, host in 0usize..12) {
             let kv = manager(blocks, host);
@@ -705,6 +757,7 @@ mod tests {
             let mut mem = Contents { device: vec![0; blocks], host: vec![0; host] };
             let mut seqs: Vec<Seq> = Vec::new();
             let mut pins: Vec<Vec<BlockKey>> = Vec::new();
+            let mut holds: Vec<Vec<BlockKey>> = Vec::new();
             let mut next_token = 1000u32;
             let mut next_id = 0u32;
             for op in ops {
@@ -713,6 +766,7 @@ mod tests {
                 let mut given_up = Vec::new();
                 let order = kv.eviction_order();
                 let evictions = kv.counters().device_evictions;
+                let demoted = kv.counters().retained_demoted_blocks;
                 let pinned: Vec<(BlockId, Option<_>)> = (0..blocks as u32)
                     .map(BlockId)
                     .filter(|&b| kv.is_pinned(b))
@@ -783,12 +837,29 @@ mod tests {
                         let keys = pins.remove(i % pins.len());
                         kv.unpin(&keys);
                     }
+                    Op::Retain(i) if !seqs.is_empty() => {
+                        let s = seqs.remove(i % seqs.len());
+                        let keys = s.table.prefix_keys(s.tokens.len());
+                        let held = kv.hold(&keys);
+                        prop_assert!(held <= keys.len());
+                        holds.push(keys);
+                        given_up.push(s.table);
+                    }
+                    Op::LetGo { hold, expired } if !holds.is_empty() => {
+                        let keys = holds.remove(hold % holds.len());
+                        kv.unhold(&keys, expired);
+                    }
                     _ => {}
                 }
                 // Evictions took the least recently used evictable blocks: the evicted ones are
                 // the first of the old order, skipping the blocks prefix hits and pins took back.
                 let evicted = kv.take_eviction_log();
                 prop_assert_eq!(evicted.len() as u64, kv.counters().device_evictions - evictions);
+                // Held blocks go last: one is demoted only once no plain cached block is left.
+                if kv.counters().retained_demoted_blocks > demoted {
+                    let plain = kv.eviction_order().into_iter().filter(|&b| !kv.is_held(b)).count();
+                    prop_assert_eq!(plain, 0, "a held block was demoted before a plain one");
+                }
                 let still = kv.eviction_order();
                 let expect: Vec<BlockId> = order
                     .iter()
@@ -827,9 +898,13 @@ mod tests {
             for keys in pins {
                 kv.unpin(&keys);
             }
+            for keys in holds {
+                kv.unhold(&keys, true);
+            }
             let g = kv.gauges();
             prop_assert_eq!(g.device_used, 0);
             prop_assert_eq!(g.device_pinned, 0);
+            prop_assert_eq!(g.device_retained, 0);
             prop_assert_eq!(g.device_free + g.device_cached, blocks);
             prop_assert_eq!(g.host_swapped, 0);
             prop_assert_eq!(g.host_free + g.host_cached, host);

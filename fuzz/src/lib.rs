@@ -28,8 +28,8 @@ use gateway::validate::completion::validate_completion;
 use gateway::validate::embeddings::validate_embeddings;
 use gateway::validate::structured::StructuredLimits;
 use gateway::validate::swarm::validate_route;
+use gateway::validate::validate_chat;
 use gateway::validate::verify::validate_verify;
-use gateway::validate::{validate_chat, MaxTokens};
 use gateway::ApiError;
 
 /// The GGUF whose tokenizer and chat template the validators use (`make models` fetches it).
@@ -71,11 +71,8 @@ pub fn requests(data: &[u8]) {
     let outcome = match route as usize % ROUTES.len() {
         0 => parse::<ChatCompletionRequest>(body)
             .and_then(|r| validate_chat(r, model(), &limits).map(drop)),
-        1 => {
-            let budget = MaxTokens::default();
-            parse::<CompletionRequest>(body)
-                .and_then(|r| validate_completion(r, model(), &budget).map(drop))
-        }
+        1 => parse::<CompletionRequest>(body)
+            .and_then(|r| validate_completion(r, model(), &limits).map(drop)),
         2 => parse::<EmbeddingRequest>(body)
             .and_then(|r| validate_embeddings(r, EMBEDDING_MODEL, EMBEDDING_DIMENSIONS).map(drop)),
         3 => parse::<RouteRequest>(body).and_then(|r| validate_route(r).map(drop)),

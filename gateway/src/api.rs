@@ -67,6 +67,38 @@ pub struct GenerationOptions {
     /// vLLM's extension: keep generating past the model's end-of-turn token (benchmarks use it
     /// to get answers of a fixed length).
     pub ignore_eos: Option<bool>,
+    /// vLLM's extension: the request's scheduling priority; lower runs first (default 0), and
+    /// under memory pressure the least urgent is preempted first. It shifts the priority class
+    /// of the agent serving it. An API key may bound how urgent its requests can be
+    /// (`min_priority`).
+    #[schema(minimum = -1000000, maximum = 1000000)]
+    pub priority: Option<i64>,
+    /// Agent hints: what an agent harness knows about this call.
+    pub swarmgate: Option<AgentHints>,
+    /// The same hints under the name NVIDIA Dynamo gives them; give one or the other.
+    pub agent_hints: Option<AgentHints>,
+}
+
+/// What an agent harness knows about a call, to schedule and cache it better. Unknown fields
+/// are ignored; a bad value is a 400 naming it.
+#[derive(Clone, Debug, Default, Deserialize, ToSchema)]
+pub struct AgentHints {
+    /// As the top-level `priority` (lower runs first), which it must equal when both are given.
+    #[schema(minimum = -1000000, maximum = 1000000)]
+    pub priority: Option<i64>,
+    /// Expected output tokens: the request is admitted once they fit in the KV cache beside
+    /// what is running, so that its answer is not preempted halfway.
+    #[schema(minimum = 1)]
+    pub osl: Option<i64>,
+    /// After the answer, prefill the next turn's prefix (the conversation and this answer, as
+    /// the chat template renders them) while the engine has nothing else waiting, and hold it
+    /// for the run's next turn, which then starts warm.
+    pub speculative_prefill: Option<bool>,
+    /// Keep this request's KV blocks (prompt and answer) on the device for this many seconds
+    /// after it ends, for requests that start the same way; at most the server's
+    /// `--cache-ttl-max-secs` or the API key's `max_cache_ttl_secs`. 0: not kept.
+    #[schema(minimum = 0)]
+    pub cache_ttl_secs: Option<f64>,
 }
 
 /// `POST /v1/chat/completions`.

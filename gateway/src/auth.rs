@@ -57,6 +57,11 @@ pub struct KeyPolicy {
     pub rpm: Option<u64>,
     /// Tokens per minute, in place of the server's `--tpm`; 0: no limit.
     pub tpm: Option<u64>,
+    /// The most urgent `priority` (lower runs first) its requests may ask for; more urgent is a
+    /// 400. Unset: any.
+    pub min_priority: Option<i64>,
+    /// Longest `cache_ttl_secs` hint, within the server's `--cache-ttl-max-secs`.
+    pub max_cache_ttl_secs: Option<u64>,
 }
 
 /// How the file writes a key: bare, or a table with its bounds.
@@ -77,6 +82,10 @@ struct KeyTable {
     rpm: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     tpm: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    min_priority: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_cache_ttl_secs: Option<u64>,
 }
 
 impl ApiKey {
@@ -113,6 +122,8 @@ impl TryFrom<serde_json::Value> for ApiKey {
             max_tokens,
             rpm,
             tpm,
+            min_priority,
+            max_cache_ttl_secs,
         } = serde_path_to_error::deserialize(entry).map_err(|e| {
             let at = match e.path().to_string() {
                 path if path == "." => String::new(),
@@ -126,11 +137,19 @@ impl TryFrom<serde_json::Value> for ApiKey {
         if max_tokens == Some(0) {
             return Err("a key's max_tokens must be positive".into());
         }
+        let most = crate::validate::hints::MAX_PRIORITY;
+        if min_priority.is_some_and(|p| !(-most..=most).contains(&p)) {
+            return Err(format!(
+                "a key's min_priority must be between -{most} and {most}"
+            ));
+        }
         Ok(Self {
             policy: KeyPolicy {
                 max_tokens,
                 rpm,
                 tpm,
+                min_priority,
+                max_cache_ttl_secs,
             },
             ..key.parse()?
         })
@@ -146,12 +165,16 @@ impl From<ApiKey> for KeyEntry {
                 max_tokens,
                 rpm,
                 tpm,
+                min_priority,
+                max_cache_ttl_secs,
             } = key.policy;
             Self::Table(KeyTable {
                 key: key.key,
                 max_tokens,
                 rpm,
                 tpm,
+                min_priority,
+                max_cache_ttl_secs,
             })
         }
     }

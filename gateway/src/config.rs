@@ -113,6 +113,15 @@ pub struct ServeConfig {
     /// turns are dropped (the system message it began with stays).
     #[arg(long, env = "SWARMGATE_SESSION_MAX_BYTES", default_value_t = 65536)]
     pub session_max_bytes: usize,
+    /// Longest a turn that ended in tool calls keeps its KV blocks held on the device for the
+    /// follow-up that brings the tools' results (the engine picks the time within it, from the
+    /// pauses seen between the agent's turns and what recomputing would cost); 0: not held.
+    #[arg(long, env = "SWARMGATE_TOOL_KV_TTL_MAX_SECS", default_value_t = 30.0)]
+    pub tool_kv_ttl_max_secs: f64,
+    /// Longest `cache_ttl_secs` an agent hint may ask for (an API key's `max_cache_ttl_secs`
+    /// may lower it).
+    #[arg(long, env = "SWARMGATE_CACHE_TTL_MAX_SECS", default_value_t = 300.0)]
+    pub cache_ttl_max_secs: f64,
     /// Requests per minute per key (all traffic together when there are no keys); 0: no limit.
     #[arg(long, env = "SWARMGATE_RPM", default_value_t = 0)]
     pub rpm: u64,
@@ -237,6 +246,8 @@ impl Default for ServeConfig {
             redis: None,
             session_ttl_secs: 3600,
             session_max_bytes: 65536,
+            tool_kv_ttl_max_secs: 30.0,
+            cache_ttl_max_secs: 300.0,
             rpm: 0,
             tpm: 0,
             max_concurrent_requests: 256,
@@ -387,6 +398,17 @@ impl ServeConfig {
         {
             return Err("--max-agents and the --max-agent-* bounds must be positive".into());
         }
+        for (flag, secs) in [
+            ("--tool-kv-ttl-max-secs", self.tool_kv_ttl_max_secs),
+            ("--cache-ttl-max-secs", self.cache_ttl_max_secs),
+        ] {
+            if !(secs.is_finite() && (0.0..=engine::request::MAX_RETENTION_SECS).contains(&secs)) {
+                return Err(format!(
+                    "{flag} must be between 0 and {} seconds, not {secs}",
+                    engine::request::MAX_RETENTION_SECS
+                ));
+            }
+        }
         if self.session_ttl_secs > MAX_SESSION_TTL_SECS {
             return Err(format!(
                 "--session-ttl-secs must be at most {MAX_SESSION_TTL_SECS} (a year), not {}",
@@ -469,6 +491,11 @@ impl ServeConfig {
             max_schema_bytes: self.max_schema_bytes,
             max_schema_depth: self.max_schema_depth,
             compile_timeout: std::time::Duration::from_millis(self.grammar_compile_timeout_ms),
+            hints: crate::validate::hints::HintLimits {
+                min_priority: None,
+                max_cache_ttl_secs: self.cache_ttl_max_secs,
+                tool_kv_ttl_max_secs: self.tool_kv_ttl_max_secs,
+            },
         }
     }
 
@@ -697,7 +724,7 @@ mod tests {
         let file = TempFile::new(
             r#"
             [server]
-            api_keys = ["sk-plain", { key = "sk-batch", max_tokens = 256, rpm = 10 }]
+            api_keys = ["sk-plain", { key = "sk-batch", max_tokens = 256, rpm = 10, min_priority = 0, max_cache_ttl_secs = 60 }]
             admin_keys = [{ key = "sk-root", tpm = 0 }]
             "#,
         );
@@ -709,7 +736,9 @@ mod tests {
             KeyPolicy {
                 max_tokens: Some(256),
                 rpm: Some(10),
-                tpm: None
+                tpm: None,
+                min_priority: Some(0),
+                max_cache_ttl_secs: Some(60),
             }
         );
         assert_eq!(config.admin_keys[0].policy().tpm, Some(0));
@@ -724,6 +753,10 @@ mod tests {
             (r#"{ max_tokens = 5 }"#, "key"),
             (r#"{ key = "sk x" }"#, "without spaces"),
             (r#"{ key = "sk-x", rpm = -1 }"#, "rpm"),
+            (
+                r#"{ key = "sk-x", min_priority = 2000000 }"#,
+                "min_priority",
+            ),
         ] {
             let file = TempFile::new(&format!("[server]\napi_keys = [{entry}]"));
             let error = load(&["--config", file.arg()]).unwrap_err();

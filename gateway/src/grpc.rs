@@ -36,8 +36,10 @@ use crate::api;
 use crate::api::tools::{FunctionCall, ToolCall};
 use crate::error::ApiError;
 use crate::logprobs;
+use crate::runs;
 use crate::service::admission::Events;
 use crate::service::choices::{finish_reason, LOST_STREAM};
+use crate::service::warm_up::{self, WarmUp};
 use crate::service::AppState;
 use crate::tool_calls::{self, EnvelopeReader, Piece};
 use crate::validate::structured::{self, Reply};
@@ -126,10 +128,10 @@ impl InferenceService {
         request: Request<pb::ChatRequest>,
     ) -> Result<(Answer, Events), ApiError> {
         let state = &self.state;
-        let caller = state
-            .auth()
-            .check(&request.metadata().clone().into_headers())?;
+        let headers = request.metadata().clone().into_headers();
+        let caller = state.auth().check(&headers)?;
         let admission = state.limits().admit(caller, Instant::now()).await?;
+        let run = runs::run_key(caller, &headers, None)?;
         let model = state.model();
         let limits = state.structured_limits(caller);
         let wire = wire_request(request.into_inner())?;
@@ -137,10 +139,17 @@ impl InferenceService {
         let validating = state.clone();
         let valid = off_io(move || validate_chat(wire, validating.model(), &limits)).await?;
         structured::compile(model, &valid.structured, &limits).await?;
+        let mut generate = valid.generate;
+        generate.run = runs::turn(run.as_deref(), &valid.model);
+        let warm_up = valid.messages.map(|messages| {
+            let reply = valid.structured.reply.clone();
+            WarmUp::chat(state, &admission, messages, reply, &generate, None)
+        });
         let seats = admission.reserve(state, 1).await?;
         let events = admission
-            .submit(state, &seats, valid.prompt_tokens, valid.generate)
+            .submit(state, &seats, valid.prompt_tokens, generate)
             .await?;
+        let events = warm_up::after(events, warm_up);
         let reader = match valid.structured.reply {
             Reply::Envelope { json_response } => Some(EnvelopeReader::new(json_response)),
             Reply::Text => None,
@@ -201,6 +210,8 @@ fn wire_request(request: pb::ChatRequest) -> Result<api::ChatCompletionRequest, 
             min_p: request.min_p,
             repetition_penalty: request.repetition_penalty,
             ignore_eos: request.ignore_eos,
+            priority: request.priority,
+            swarmgate: json_field("agent_hints_json", request.agent_hints_json)?,
             ..api::GenerationOptions::default()
         },
         ..api::ChatCompletionRequest::default()
@@ -601,6 +612,8 @@ mod tests {
             tool_choice_json: Some(r#""required""#.into()),
             parallel_tool_calls: Some(false),
             response_format_json: None,
+            priority: Some(3),
+            agent_hints_json: Some(r#"{"osl": 5}"#.into()),
         };
         let valid = validate_chat(
             wire_request(request).unwrap(),
@@ -629,6 +642,11 @@ mod tests {
         assert_eq!((sampling.min_p, sampling.repetition_penalty), (0.0625, 1.5));
         assert!(generate.ignore_eos);
         assert_eq!(generate.logprobs, Some(2));
+        assert_eq!(
+            generate.priority, -3,
+            "lower runs first: the engine's higher"
+        );
+        assert_eq!(generate.expected_output_tokens, Some(5));
         assert!(valid.prompt.contains("Hi"));
     }
 

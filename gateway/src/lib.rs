@@ -49,6 +49,7 @@ pub mod limits;
 pub mod logprobs;
 pub mod metrics;
 pub mod openapi;
+pub mod runs;
 pub mod service;
 pub mod session;
 pub mod state;

@@ -114,9 +114,11 @@ struct EngineSeries<T> {
 
 const KV_BLOCKS_HELP: &str = "KV cache blocks by tier and state: free; used (held by a sequence); \
      cached (kept for prefix reuse, evictable); pinned (kept for a pinned prefix, may also be \
-     used); swapped (holding a preempted sequence's cache).";
+     used); retained (held for an agent run's next turn, evicted after every other cached \
+     block; may also be used or counted as cached); swapped (holding a preempted sequence's \
+     cache).";
 
-const KV_BLOCKS: [EngineSeries<usize>; 7] = {
+const KV_BLOCKS: [EngineSeries<usize>; 8] = {
     const fn series(
         labels: &'static [(&'static str, &'static str)],
         read: fn(&KvSnapshot) -> usize,
@@ -141,6 +143,9 @@ const KV_BLOCKS: [EngineSeries<usize>; 7] = {
         series(&[("tier", "device"), ("state", "pinned")], |kv| {
             kv.gauges.device_pinned
         }),
+        series(&[("tier", "device"), ("state", "retained")], |kv| {
+            kv.gauges.device_retained
+        }),
         series(&[("tier", "host"), ("state", "free")], |kv| {
             kv.gauges.host_free
         }),
@@ -159,7 +164,11 @@ const SWAPS_HELP: &str = "KV blocks moved by preemption: swapped out to the host
 const EVICTIONS_HELP: &str =
     "Cached KV blocks evicted: from the device (to the host tier or dropped), or from the host.";
 
-const KV_COUNTERS: [EngineSeries<u64>; 8] = [
+const RETENTION_HELP: &str = "KV blocks held on the device for an agent run's next turn (a turn \
+     that ended in tool calls, a warm-up, a cache_ttl_secs hint): holds placed, prefix hits on \
+     held blocks, held blocks demoted under pressure, and holds that ran out their time.";
+
+const KV_COUNTERS: [EngineSeries<u64>; 12] = [
     EngineSeries {
         name: "swarmgate_prefix_cache_queries_tokens_total",
         labels: &[],
@@ -201,6 +210,30 @@ const KV_COUNTERS: [EngineSeries<u64>; 8] = [
         labels: &[("tier", "host")],
         help: EVICTIONS_HELP,
         read: |kv| kv.counters.host_evictions,
+    },
+    EngineSeries {
+        name: "swarmgate_kv_retained_blocks_total",
+        labels: &[("event", "held")],
+        help: RETENTION_HELP,
+        read: |kv| kv.counters.retained_blocks,
+    },
+    EngineSeries {
+        name: "swarmgate_kv_retained_blocks_total",
+        labels: &[("event", "hit")],
+        help: RETENTION_HELP,
+        read: |kv| kv.counters.retained_hit_blocks,
+    },
+    EngineSeries {
+        name: "swarmgate_kv_retained_blocks_total",
+        labels: &[("event", "demoted")],
+        help: RETENTION_HELP,
+        read: |kv| kv.counters.retained_demoted_blocks,
+    },
+    EngineSeries {
+        name: "swarmgate_kv_retained_blocks_total",
+        labels: &[("event", "expired")],
+        help: RETENTION_HELP,
+        read: |kv| kv.counters.retention_expired_blocks,
     },
     EngineSeries {
         name: "swarmgate_kv_recomputes_total",

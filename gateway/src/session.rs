@@ -88,7 +88,7 @@ impl Sessions {
         model: &ModelInfo,
         request: &mut ChatCompletionRequest,
     ) -> Result<Turn, ApiError> {
-        let Some(id) = SessionId::of(headers)? else {
+        let Some(id) = header_id(headers, SESSION_HEADER)? else {
             return Ok(Turn(None));
         };
         let Some(limit) = self.limit else {
@@ -132,29 +132,25 @@ impl Sessions {
     }
 }
 
-/// A session id: the `x-session-id` header.
-struct SessionId;
-
-impl SessionId {
-    /// The header's id; `None` when there is none.
-    fn of(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-        let Some(value) = headers.get(SESSION_HEADER) else {
-            return Ok(None);
-        };
-        let id = value.to_str().map_err(|_| {
-            ApiError::invalid(SESSION_HEADER, "x-session-id must be printable ASCII")
-        })?;
-        if id.is_empty() || id.len() > MAX_ID_BYTES {
-            return Err(ApiError::invalid(
-                SESSION_HEADER,
-                format!(
-                    "a session id (x-session-id) must be 1 to {MAX_ID_BYTES} bytes; got {}",
-                    id.len()
-                ),
-            ));
-        }
-        Ok(Some(id.to_owned()))
+/// The id a request names in `header` (printable ASCII, 1 to [`MAX_ID_BYTES`] bytes); `None`
+/// when there is none.
+pub(crate) fn header_id(headers: &HeaderMap, header: &str) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(header) else {
+        return Ok(None);
+    };
+    let id = value
+        .to_str()
+        .map_err(|_| ApiError::invalid(header, format!("{header} must be printable ASCII")))?;
+    if id.is_empty() || id.len() > MAX_ID_BYTES {
+        return Err(ApiError::invalid(
+            header,
+            format!(
+                "{header} must be 1 to {MAX_ID_BYTES} bytes; got {}",
+                id.len()
+            ),
+        ));
     }
+    Ok(Some(id.to_owned()))
 }
 
 /// Template tokens a message costs besides its content (`<|im_start|>`, the role, newlines,
@@ -279,6 +275,11 @@ struct Open {
 }
 
 impl Turn {
+    /// The session's name in the store (its caller's and its id), when the request is in one.
+    pub fn session(&self) -> Option<&str> {
+        self.0.as_ref().map(|open| open.name.as_str())
+    }
+
     /// What the response carries to say the request was in a session.
     pub fn echo(&self) -> Echo {
         Echo(self.0.as_ref().and_then(|open| open.echo.clone()))
@@ -456,17 +457,19 @@ mod tests {
     #[test]
     fn only_the_header_names_a_session() {
         assert_eq!(
-            SessionId::of(&headers("s-1")).unwrap().as_deref(),
+            header_id(&headers("s-1"), SESSION_HEADER)
+                .unwrap()
+                .as_deref(),
             Some("s-1")
         );
-        assert_eq!(SessionId::of(&HeaderMap::new()).unwrap(), None);
+        assert_eq!(header_id(&HeaderMap::new(), SESSION_HEADER).unwrap(), None);
         assert_eq!(
-            param(SessionId::of(&headers("")).unwrap_err()),
+            param(header_id(&headers(""), SESSION_HEADER).unwrap_err()),
             SESSION_HEADER
         );
         let long = "s".repeat(MAX_ID_BYTES + 1);
         assert_eq!(
-            param(SessionId::of(&headers(&long)).unwrap_err()),
+            param(header_id(&headers(&long), SESSION_HEADER).unwrap_err()),
             SESSION_HEADER
         );
     }

@@ -12,6 +12,8 @@
 //! content. Text that does not follow the layout (it cannot, under the grammar, but a reader
 //! must not trust that) is given out as content from that point on.
 
+use crate::api::tools::{FunctionCall, ToolCall};
+
 /// What an envelope's text adds to the answer.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Piece {
@@ -403,6 +405,16 @@ pub fn read_all(
         }
     }
     (content_text, calls)
+}
+
+/// Calls as [`read_all`] gives them, in OpenAI's shape.
+pub fn api_calls(calls: Vec<(String, String, String)>) -> Vec<ToolCall> {
+    let call = |(id, name, arguments)| ToolCall {
+        id,
+        kind: "function".into(),
+        function: FunctionCall { name, arguments },
+    };
+    calls.into_iter().map(call).collect()
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@
 pub mod agent_definition;
 pub mod completion;
 pub mod embeddings;
+pub mod hints;
 pub mod structured;
 pub mod swarm;
 pub mod verify;
@@ -41,6 +42,7 @@ use engine::{ChatMessage, GenerateRequest, ModelInfo, Prompt, SamplingParams};
 
 use crate::api::{self, ChatCompletionRequest, GenerationOptions, MessageContent, Stop};
 use crate::error::ApiError;
+use hints::{HintLimits, Hints};
 use structured::{Structured, StructuredLimits};
 
 /// The model name every client may use for whatever this server serves.
@@ -91,6 +93,11 @@ pub struct ValidChatRequest {
     pub logprobs: Option<usize>,
     /// The grammar, and how the answer reads back (text, or tool calls).
     pub structured: Structured,
+    /// The scheduling and caching hints (already applied to `generate`).
+    pub hints: Hints,
+    /// The conversation as the template took it (tool instructions included), kept when the
+    /// hints ask for the next turn to be prefilled.
+    pub messages: Option<Vec<ChatMessage>>,
 }
 
 /// Checks `request` against the served model; see the module docs for the rules.
@@ -118,6 +125,7 @@ pub fn validate_chat(
         max_tokens,
         budget.limit,
         budget.chat_default,
+        &limits.hints,
     )?;
     let mut messages = messages(request.messages)?;
     if let Some(instructions) = &structured.instructions {
@@ -134,7 +142,10 @@ pub fn validate_chat(
         e => ApiError::invalid("messages", e.to_string()),
     })?;
     let prompt_tokens = tokens.len();
-    let mut generate = options.generate(model, tokens, "messages")?;
+    // A turn answered with tool calls waits for the tools: its blocks are held for the next.
+    let calls_open = matches!(structured.reply, structured::Reply::Envelope { .. })
+        .then_some(structured::CALLS_OPEN);
+    let mut generate = options.generate(model, tokens, "messages", calls_open)?;
     generate.logprobs = logprobs;
     generate.response_format = structured.format.clone();
     Ok(ValidChatRequest {
@@ -147,6 +158,8 @@ pub fn validate_chat(
         include_usage: options.include_usage,
         logprobs,
         structured,
+        messages: options.hints.speculative_prefill.then_some(messages),
+        hints: options.hints,
     })
 }
 
@@ -191,6 +204,7 @@ struct Options {
     max_tokens: Option<(&'static str, i64)>,
     /// When the request names none: at most this many (`None`: all the room left).
     default_max_tokens: Option<usize>,
+    hints: Hints,
 }
 
 impl Options {
@@ -201,7 +215,9 @@ impl Options {
         max_tokens: Option<(&'static str, i64)>,
         limit: Option<usize>,
         default_max_tokens: Option<usize>,
+        hint_limits: &HintLimits,
     ) -> Result<Self, ApiError> {
+        let hints = Hints::new(&options, hint_limits)?;
         let n = match options.n {
             None => 1,
             Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
@@ -254,16 +270,19 @@ impl Options {
             stop: stop(options.stop)?,
             max_tokens,
             default_max_tokens,
+            hints,
         })
     }
 
     /// The engine request for the prompt `tokens`, whose room for an answer is checked against
-    /// the context; `input` names the field the prompt came from.
+    /// the context; `input` names the field the prompt came from; `calls_open`, when the answer
+    /// may be tool calls, is how their envelope opens.
     fn generate(
         &self,
         model: &ModelInfo,
         tokens: Vec<u32>,
         input: &str,
+        calls_open: Option<&str>,
     ) -> Result<GenerateRequest, ApiError> {
         let prompt_tokens = tokens.len();
         // The engine's own bound: a sequence must fit both the model's positions and the KV
@@ -300,6 +319,7 @@ impl Options {
         generate.max_tokens = max_tokens;
         generate.stop = self.stop.clone();
         generate.ignore_eos = self.ignore_eos;
+        self.hints.apply(&mut generate, calls_open);
         Ok(generate)
     }
 }

@@ -60,6 +60,13 @@ pub struct CreateResponse {
     pub previous_response_id: Option<String>,
     /// Only `false`: every response is answered while the request waits.
     pub background: Option<bool>,
+    /// vLLM's extension, as on chat: lower runs first (default 0).
+    #[schema(minimum = -1000000, maximum = 1000000)]
+    pub priority: Option<i64>,
+    /// Agent hints, as on chat.
+    pub swarmgate: Option<super::AgentHints>,
+    /// The same hints under NVIDIA Dynamo's name.
+    pub agent_hints: Option<super::AgentHints>,
 }
 
 /// `input`: a user message's text, or items.

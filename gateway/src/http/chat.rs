@@ -25,7 +25,7 @@ use axum::Json;
 use engine::TokenLogprob;
 use tokenizers::Tokenizer;
 
-use crate::api::tools::{FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta};
+use crate::api::tools::{FunctionCallDelta, ToolCallDelta};
 use crate::api::{
     self, unix_now, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
     ChatCompletionRequest, ChoiceLogprobs, ChunkChoice, ChunkDelta, StreamEvent,
@@ -35,7 +35,9 @@ use crate::http::json::ApiJson;
 use crate::http::swarm_chat;
 use crate::limits::Admission;
 use crate::logprobs;
+use crate::runs;
 use crate::service::choices::{sse_response, Choices, ChunkFormat};
+use crate::service::warm_up::WarmUp;
 use crate::service::{swarm, AppState};
 use crate::session::Echo;
 use crate::tool_calls::{self, EnvelopeReader, Piece};
@@ -45,7 +47,11 @@ use crate::validate::{off_io, validate_chat, ValidChatRequest};
 /// Creates a model response for the given chat conversation.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "generation",
     request_body = ChatCompletionRequest,
-    params(("x-session-id" = Option<String>, Header, description = "The conversation session \
+    params(("x-swarmgate-run-id" = Option<String>, Header, description = "The agent run (program) \
+        this request is a turn of (1 to 256 printable ASCII characters), for run scheduling and \
+        for keeping a tool-call turn's KV cache for its follow-up; without it, the session's \
+        run (chat), or the `previous_response_id` chain's (responses)."),
+        ("x-session-id" = Option<String>, Header, description = "The conversation session \
         (1 to 256 printable ASCII characters; without it, `user` names the session): the \
         history kept for it goes before `messages`, and a successful answer is added to it, \
         so a client sends only its new turn. Sessions belong to the API key that made them.")),
@@ -69,10 +75,12 @@ pub async fn create(
         .open(admission.caller, &headers, state.model(), &mut request)
         .await?;
     let echo = turn.echo();
+    let run = runs::run_key(admission.caller, &headers, turn.session())?;
     if let Some(swarm) = state.swarm() {
         if swarm.answers(request.model.as_deref()) {
+            let swarm = swarm.clone();
             let answered =
-                swarm::run::create(state.clone(), admission, swarm.clone(), request, turn).await?;
+                swarm::run::create(state.clone(), admission, swarm, request, turn, run).await?;
             return Ok((echo, swarm_chat::respond(answered)?));
         }
     }
@@ -82,16 +90,22 @@ pub async fn create(
     let ValidChatRequest {
         model,
         prompt_tokens,
-        generate,
+        mut generate,
         n,
         stream,
         include_usage,
         logprobs,
         structured,
+        messages,
         ..
     } = off_io(move || validate_chat(request, validating.model(), &limits)).await?;
     let warnings = structured::compile(model_info, &structured, &limits).await?;
-    let choices = Choices::submit(&state, &admission, vec![(prompt_tokens, generate)], n).await?;
+    generate.run = runs::turn(run.as_deref(), &model);
+    let reply = &structured.reply;
+    let warm_up =
+        messages.map(|m| WarmUp::chat(&state, &admission, m, reply.clone(), &generate, None));
+    let prompts = vec![(prompt_tokens, generate)];
+    let choices = Choices::submit(&state, &admission, prompts, n, warm_up).await?;
     let answer = Answer {
         tokenizer: logprobs.map(|_| model_info.tokenizer.clone()),
         ..Answer::new(model, include_usage).replying(structured.reply, n)
@@ -207,17 +221,9 @@ impl Answer {
         if calls.is_empty() {
             return (AssistantMessage::text(content), reason);
         }
-        let calls = calls
-            .into_iter()
-            .map(|(id, name, arguments)| ToolCall {
-                id,
-                kind: "function".into(),
-                function: FunctionCall { name, arguments },
-            })
-            .collect();
         let message = AssistantMessage {
             content: None,
-            tool_calls: Some(calls),
+            tool_calls: Some(tool_calls::api_calls(calls)),
             ..AssistantMessage::text(String::new())
         };
         let reason = match reason {

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::TokenLogprob;
@@ -24,7 +25,9 @@ use crate::error::{ApiError, GenerationErrors};
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
 use crate::logprobs::Legacy;
+use crate::runs;
 use crate::service::choices::{sse_response, Choices, ChunkFormat};
+use crate::service::warm_up::WarmUp;
 use crate::service::AppState;
 use crate::validate::completion::{validate_completion, ValidCompletionRequest};
 use crate::validate::off_io;
@@ -32,6 +35,10 @@ use crate::validate::off_io;
 /// Completes a text prompt (the legacy completions API).
 #[utoipa::path(post, path = "/v1/completions", tag = "generation",
     request_body = CompletionRequest,
+    params(("x-swarmgate-run-id" = Option<String>, Header, description = "The agent run (program) \
+        this request is a turn of (1 to 256 printable ASCII characters), for run scheduling and \
+        for keeping a tool-call turn's KV cache for its follow-up; without it, the session's \
+        run (chat), or the `previous_response_id` chain's (responses).")),
     responses(
         (status = 200, description = "The answer, or with `stream: true` server-sent events \
             of `CompletionChunk`s ended by `data: [DONE]`.",
@@ -42,8 +49,10 @@ use crate::validate::off_io;
 pub async fn create(
     State(state): State<AppState>,
     admission: Admission,
+    headers: HeaderMap,
     ApiJson(request): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
+    let run = runs::run_key(admission.caller, &headers, None)?;
     let model_info = state.model();
     let validating = state.clone();
     let limits = state.structured_limits(admission.caller);
@@ -55,18 +64,28 @@ pub async fn create(
         include_usage,
         echo,
         logprobs,
-    } = off_io(move || validate_completion(request, validating.model(), &limits.max_tokens))
-        .await?;
+        speculative_prefill,
+    } = off_io(move || validate_completion(request, validating.model(), &limits)).await?;
     let echoed: Vec<String> = prompts
         .iter()
         .map(|p| if echo { p.text.clone() } else { String::new() })
         .collect();
     let first_tokens = prompts.iter().map(|p| p.first_token).collect();
+    let warm_up = match &prompts[..] {
+        [only] if speculative_prefill => {
+            let text = only.text.clone();
+            Some(WarmUp::text(&state, &admission, text, &only.generate))
+        }
+        _ => None,
+    };
     let requests = prompts
         .into_iter()
-        .map(|p| (p.tokens, p.generate))
+        .map(|mut p| {
+            p.generate.run = runs::turn(run.as_deref(), &model);
+            (p.tokens, p.generate)
+        })
         .collect();
-    let choices = Choices::submit(&state, &admission, requests, n).await?;
+    let choices = Choices::submit(&state, &admission, requests, n, warm_up).await?;
     let mut answer = TextAnswer {
         id: format!("cmpl-{}", uuid::Uuid::new_v4().simple()),
         created: unix_now(),

@@ -30,6 +30,7 @@ mod input;
 mod output;
 
 use axum::extract::{Path, State};
+use axum::http::HeaderMap;
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::Json;
@@ -47,8 +48,10 @@ use crate::error::{ApiError, GenerationErrors, StoredErrors};
 use crate::http::chat::warned;
 use crate::http::json::ApiJson;
 use crate::limits::Admission;
+use crate::runs;
 use crate::service::choices::{sse_events, Choices};
 use crate::service::responses::StoredResponses;
+use crate::service::warm_up::WarmUp;
 use crate::service::AppState;
 use crate::validate::structured;
 use crate::validate::{off_io, validate_chat};
@@ -57,6 +60,10 @@ use output::{ended, failure, item_id, Batch, EventFormat, Output};
 /// Creates a model response.
 #[utoipa::path(post, path = "/v1/responses", tag = "generation",
     request_body = CreateResponse,
+    params(("x-swarmgate-run-id" = Option<String>, Header, description = "The agent run (program) \
+        this request is a turn of (1 to 256 printable ASCII characters), for run scheduling and \
+        for keeping a tool-call turn's KV cache for its follow-up; without it, the session's \
+        run (chat), or the `previous_response_id` chain's (responses).")),
     responses(
         (status = 200, description = "The response, or with `stream: true` server-sent events \
             (`event: <type>`, a `SequencedEvent` as `data`) ended by `response.completed`, \
@@ -69,17 +76,27 @@ use output::{ended, failure, item_id, Batch, EventFormat, Output};
 pub async fn create(
     State(state): State<AppState>,
     admission: Admission,
+    headers: HeaderMap,
     ApiJson(mut request): ApiJson<CreateResponse>,
 ) -> Result<HttpResponse, ApiError> {
     let responses = state.responses();
-    let mut items = match &request.previous_response_id {
-        Some(id) => {
+    let caller = admission.caller;
+    let id = item_id("resp");
+    // The run: the header's, else the chain's (which its first response started).
+    let named = runs::run_key(caller, &headers, None)?;
+    let (run, mut items) = match &request.previous_response_id {
+        Some(previous_id) => {
             let previous = responses
-                .get(admission.caller, id, Some("previous_response_id"))
+                .get(caller, previous_id, Some("previous_response_id"))
                 .await?;
-            previous.context()?
+            let chain = previous.run.clone();
+            let run = chain.unwrap_or_else(|| runs::chain_key(caller, previous_id));
+            (named.unwrap_or(run), previous.context()?)
         }
-        None => Vec::new(),
+        None => (
+            named.unwrap_or_else(|| runs::chain_key(caller, &id)),
+            Vec::new(),
+        ),
     };
     let first = items.len();
     let own = std::mem::replace(&mut request.input, ResponseInput::Items(Vec::new()));
@@ -99,14 +116,21 @@ pub async fn create(
         .iter()
         .map(|w| input::renamed_warning(w))
         .collect();
-    let prompt = vec![(valid.prompt_tokens, valid.generate)];
-    let choices = Choices::submit(&state, &admission, prompt, 1).await?;
+    let mut generate = valid.generate;
+    generate.run = runs::turn(Some(&run), &valid.model);
+    let reply = &valid.structured.reply;
+    let warm_up = valid
+        .messages
+        .map(|messages| WarmUp::chat(&state, &admission, messages, reply.clone(), &generate, None));
+    let prompt = vec![(valid.prompt_tokens, generate)];
+    let choices = Choices::submit(&state, &admission, prompt, 1, warm_up).await?;
     let store = request.store.unwrap_or(true) && responses.enabled();
-    let template = template(request, tools, valid.model, store);
+    let template = template(id, request, tools, valid.model, store);
     let saving = store.then(|| Saving {
         responses: responses.clone(),
-        caller: admission.caller,
+        caller,
         input: items,
+        run,
     });
 
     if !valid.stream {
@@ -173,6 +197,7 @@ pub async fn delete(
 
 /// The response `request` gets before its output: what it echoes, `in_progress`.
 fn template(
+    id: String,
     request: CreateResponse,
     tools: Vec<FunctionTool>,
     model: String,
@@ -189,7 +214,7 @@ fn template(
             strict: None,
         });
     Response {
-        id: item_id("resp"),
+        id,
         object: "response",
         created_at: unix_now(),
         status: ResponseStatus::InProgress,
@@ -271,11 +296,18 @@ struct Saving {
     responses: StoredResponses,
     caller: Caller,
     input: Vec<InputItem>,
+    run: String,
 }
 
 impl Saving {
     async fn save(self, response: &Response) -> Result<(), ApiError> {
-        self.responses.put(self.caller, response, self.input).await
+        let Self {
+            responses,
+            caller,
+            input,
+            run,
+        } = self;
+        responses.put(caller, response, input, &run).await
     }
 }
 
@@ -300,7 +332,7 @@ mod tests {
 
     fn answered(text: &str) -> Response {
         let request: CreateResponse = serde_json::from_value(json!({"input": "Hi"})).unwrap();
-        let template = template(request, Vec::new(), "m".into(), true);
+        let template = template(item_id("resp"), request, Vec::new(), "m".into(), true);
         let mut output = Output::new(&structured::Reply::Text);
         output.push(text);
         output.finish(FinishReason::Stop);
@@ -317,7 +349,7 @@ mod tests {
         let alice = Caller::Anonymous;
         let response = answered("Hello, Alice.");
         responses
-            .put(alice, &response, vec![user("I am Alice.")])
+            .put(alice, &response, vec![user("I am Alice.")], "run")
             .await
             .unwrap();
         let stored = responses.get(alice, &response.id, None).await.unwrap();
@@ -362,7 +394,7 @@ mod tests {
         let responses_on = responses(60);
         let response = answered("Hi");
         responses_on
-            .put(Caller::Anonymous, &response, Vec::new())
+            .put(Caller::Anonymous, &response, Vec::new(), "run")
             .await
             .unwrap();
         let key = "sk-other".parse().unwrap();
@@ -381,7 +413,7 @@ mod tests {
 
         let off = responses(0);
         assert!(!off.enabled());
-        off.put(Caller::Anonymous, &response, Vec::new())
+        off.put(Caller::Anonymous, &response, Vec::new(), "run")
             .await
             .unwrap();
         let error = off

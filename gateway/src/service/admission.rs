@@ -33,7 +33,7 @@ impl Admission {
     }
 
     /// Runs `request` (whose prompt is `prompt_tokens` long) on the engine in `seats` under
-    /// this request's limits: charges its tokens, sets its deadline and priority, and returns
+    /// this request's limits: charges its tokens, sets its deadline and priority class, and returns
     /// its events, ended by an `Err` if a deadline passes first. Dropping the stream cancels
     /// the request.
     pub async fn submit(
@@ -74,7 +74,8 @@ impl Admission {
             }
         };
         request.deadline = Some(self.deadlines.total);
-        request.priority = self.priority;
+        // The request's own priority (from its `priority`) shifts its agent's class.
+        request.priority = self.priority.saturating_add(request.priority);
         request.cache_salt = self.caller.cache_salt(self.shared_prefix);
         let events = match state.transport().submit(agent, request).await {
             Ok(events) => events,

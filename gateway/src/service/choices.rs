@@ -34,6 +34,7 @@ use crate::error::ApiError;
 use crate::limits::Admission;
 use crate::metrics::Metrics;
 use crate::service::admission::Events;
+use crate::service::warm_up::{self, WarmUp};
 use crate::service::AppState;
 
 /// What an engine stream that ends without its final event tells the client.
@@ -105,13 +106,16 @@ pub struct Choices {
 impl Choices {
     /// Submits `n` answers to each of `prompts` (engine requests and their prompt lengths)
     /// under `admission`, in seats for all of them. Fails, cancelling what was already
-    /// submitted, if any is refused.
+    /// submitted, if any is refused. `warm_up` prefills the next turn once the answer is
+    /// complete, for a request with one answer.
     pub async fn submit(
         state: &AppState,
         admission: &Admission,
         prompts: Vec<(usize, GenerateRequest)>,
         n: usize,
+        warm_up: Option<WarmUp>,
     ) -> Result<Self, ApiError> {
+        let mut warm_up = warm_up.filter(|_| prompts.len() * n == 1);
         let seats = admission.reserve(state, prompts.len() * n).await?;
         let mut streams = Vec::with_capacity(prompts.len() * n);
         // The first-token deadline is the request's: the first answer must start in time, the
@@ -127,11 +131,10 @@ impl Choices {
                 } else {
                     &later
                 };
-                streams.push(
-                    admission
-                        .submit(state, &seats, prompt_tokens, request)
-                        .await?,
-                );
+                let events = admission
+                    .submit(state, &seats, prompt_tokens, request)
+                    .await?;
+                streams.push(warm_up::after(events, warm_up.take()));
             }
         }
         Ok(Self::new(streams, n))

@@ -10,6 +10,7 @@
 //! - [`embeddings`]: the embedding model, one batch at a time off the runtime's threads.
 //! - [`verify`]: the verifier's deterministic and relevance checks.
 //! - [`responses`]: the Responses API's stored responses.
+//! - [`warm_up`]: speculative prefill of a run's next turn.
 //! - [`swarm`]: the swarm (registry, routers, pins) and its pipeline (route, answer, verify,
 //!   consensus).
 //!
@@ -23,5 +24,6 @@ pub mod responses;
 pub mod state;
 pub mod swarm;
 pub mod verify;
+pub mod warm_up;
 
 pub use state::AppState;

@@ -29,13 +29,17 @@ pub struct StoredResponses {
 struct RecordRef<'a> {
     response: &'a Response,
     input: &'a [InputItem],
+    run: &'a str,
 }
 
-/// A stored response as read back: the response as it was sent, and the input it answered.
+/// A stored response as read back: the response as it was sent, the input it answered, and the
+/// agent run it was a turn of ([`crate::runs`]; absent in records older than runs).
 #[derive(Deserialize)]
 pub struct Stored {
     pub response: Value,
     pub input: Vec<InputItem>,
+    #[serde(default)]
+    pub run: Option<String>,
 }
 
 impl Stored {
@@ -65,12 +69,14 @@ impl StoredResponses {
         self.limit.is_some()
     }
 
-    /// Stores `response` of `caller`, which answered `input`, trimmed to the size bound.
+    /// Stores `response` of `caller`, a turn of `run` which answered `input`, trimmed to the
+    /// size bound.
     pub async fn put(
         &self,
         caller: Caller,
         response: &Response,
         mut input: Vec<InputItem>,
+        run: &str,
     ) -> Result<(), ApiError> {
         let Some(limit) = self.limit else {
             return Ok(());
@@ -79,6 +85,7 @@ impl StoredResponses {
         let record = RecordRef {
             response,
             input: &input,
+            run,
         };
         let record = serde_json::to_string(&record).expect("a response serializes to JSON");
         let name = name(caller, &response.id);

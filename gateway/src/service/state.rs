@@ -157,13 +157,20 @@ impl AppState {
         self.inner.started
     }
 
-    /// The bounds on `caller`'s structured outputs, tools and answer lengths: the server's,
-    /// with its key's own `max_tokens` (see [`crate::auth::KeyPolicy`]) within them.
+    /// The bounds on `caller`'s structured outputs, tools, answer lengths and hints: the
+    /// server's, with its key's own `max_tokens`, `min_priority` and `max_cache_ttl_secs` (see
+    /// [`crate::auth::KeyPolicy`]) within them.
     pub fn structured_limits(&self, caller: Caller) -> StructuredLimits {
         let mut limits = self.inner.structured;
-        if let Some(own) = self.inner.auth.policy(caller).max_tokens {
+        let policy = self.inner.auth.policy(caller);
+        if let Some(own) = policy.max_tokens {
             let server = limits.max_tokens.limit.unwrap_or(own);
             limits.max_tokens.limit = Some(server.min(own));
+        }
+        limits.hints.min_priority = policy.min_priority;
+        if let Some(own) = policy.max_cache_ttl_secs {
+            let server = limits.hints.max_cache_ttl_secs;
+            limits.hints.max_cache_ttl_secs = server.min(own as f64);
         }
         limits
     }

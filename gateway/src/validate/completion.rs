@@ -15,7 +15,8 @@
 
 use engine::{GenerateRequest, ModelInfo};
 
-use super::{check_model, tokenize, MaxTokens, Options, MAX_CHOICES, MAX_TOP_LOGPROBS};
+use super::structured::StructuredLimits;
+use super::{check_model, tokenize, Options, MAX_CHOICES, MAX_TOP_LOGPROBS};
 use crate::api::completions::CompletionRequest;
 use crate::api::TextInput;
 use crate::error::ApiError;
@@ -38,6 +39,8 @@ pub struct ValidCompletionRequest {
     pub echo: bool,
     /// `Some(n)`: report each token's log-probability and its `n` likeliest alternatives.
     pub logprobs: Option<usize>,
+    /// Prefill the text that follows the answer once it is complete (an agent hint).
+    pub speculative_prefill: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -56,8 +59,9 @@ pub struct ValidPrompt {
 pub fn validate_completion(
     request: CompletionRequest,
     model: &ModelInfo,
-    budget: &MaxTokens,
+    limits: &StructuredLimits,
 ) -> Result<ValidCompletionRequest, ApiError> {
+    let budget = &limits.max_tokens;
     let model_id = check_model(request.model.as_deref(), &model.id)?;
     let logprobs = match request.logprobs {
         None => None,
@@ -81,6 +85,7 @@ pub fn validate_completion(
         max_tokens,
         budget.limit,
         Some(DEFAULT_MAX_TOKENS),
+        &limits.hints,
     )?;
     if let Some(best_of) = request.best_of.filter(|&b| b != options.n as i64) {
         return Err(ApiError::invalid(
@@ -109,7 +114,7 @@ pub fn validate_completion(
             let (text, tokens) = prompt(input, model)?;
             let count = tokens.len();
             let first_token = tokens[0];
-            let mut generate = options.generate(model, tokens, "prompt")?;
+            let mut generate = options.generate(model, tokens, "prompt", None)?;
             generate.logprobs = logprobs;
             if echo {
                 generate.prompt_logprobs = logprobs;
@@ -130,6 +135,7 @@ pub fn validate_completion(
         include_usage: options.include_usage,
         echo,
         logprobs,
+        speculative_prefill: options.hints.speculative_prefill,
     })
 }
 
@@ -192,6 +198,7 @@ mod tests {
 
     use super::*;
     use crate::test_support::{model_info, MODEL_ID};
+    use crate::validate::MaxTokens;
 
     fn model() -> &'static ModelInfo {
         static MODEL: OnceLock<ModelInfo> = OnceLock::new();
@@ -209,7 +216,10 @@ mod tests {
         validate_completion(
             serde_json::from_value(body).expect("a wire request"),
             model(),
-            &budget,
+            &StructuredLimits {
+                max_tokens: budget,
+                ..StructuredLimits::default()
+            },
         )
     }
 

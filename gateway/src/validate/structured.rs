@@ -57,6 +57,8 @@ pub struct StructuredLimits {
     pub max_schema_depth: usize,
     /// How long compiling one request's grammars may take.
     pub compile_timeout: Duration,
+    /// Of scheduling and caching hints.
+    pub hints: super::HintLimits,
 }
 
 impl Default for StructuredLimits {
@@ -67,6 +69,7 @@ impl Default for StructuredLimits {
             max_schema_bytes: 64 * 1024,
             max_schema_depth: 32,
             compile_timeout: Duration::from_secs(2),
+            hints: super::HintLimits::default(),
         }
     }
 }

@@ -83,6 +83,9 @@ pub(crate) fn chat_request(
             stream: request.stream,
             temperature: request.temperature,
             top_p: request.top_p,
+            priority: request.priority,
+            swarmgate: request.swarmgate.clone(),
+            agent_hints: request.agent_hints.clone(),
             ..GenerationOptions::default()
         },
         ..ChatCompletionRequest::default()

@@ -89,6 +89,7 @@ pub async fn create(
     swarm: Swarm,
     request: ChatCompletionRequest,
     turn: Turn,
+    run_key: Option<String>,
 ) -> Result<Answered, ApiError> {
     if request.options.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid(
@@ -108,6 +109,7 @@ pub async fn create(
         .reserve(&state, consensus.as_ref().map_or(1, Consensus::width))
         .await?;
     let mut run = Run::new(state, admission, seats, question);
+    run.run_key = run_key;
     let registry = swarm.registry().snapshot();
     let (agent, route) = match request.model.as_deref() {
         Some(SWARM_MODEL | AUTO_MODEL) => {
@@ -241,6 +243,8 @@ pub struct Run {
     /// The conversation's last user turn: what answers are checked against.
     pub question: String,
     pub hops: Vec<HopUsage>,
+    /// The agent run the request is a turn of ([`crate::runs`]).
+    run_key: Option<String>,
 }
 
 impl Run {
@@ -255,6 +259,7 @@ impl Run {
             submitted: false,
             question,
             hops: Vec::new(),
+            run_key: None,
         }
     }
 
@@ -382,12 +387,14 @@ impl Run {
             Some(Ok(tokens)) => tokens.len(),
             _ => 0,
         };
+        let mut generate = valid.generate.clone();
+        generate.run = crate::runs::turn(self.run_key.as_deref(), name);
         let events = admission
             .submit_as(
                 &self.state,
                 &self.seats,
                 valid.prompt_tokens,
-                valid.generate.clone(),
+                generate,
                 Some(name),
                 budget,
             )

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A duration in milliseconds.
 pub fn ms(d: Duration) -> f64 {
@@ -23,11 +23,12 @@ pub fn percentile(values: &mut [f64], p: f64) -> f64 {
 }
 
 /// Mean and tail percentiles of one distribution; the JSON keys are part of the tools' reports.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub mean: f64,
     pub p50: f64,
     pub p90: f64,
+    pub p95: f64,
     pub p99: f64,
 }
 
@@ -41,6 +42,7 @@ impl Summary {
             mean: values.iter().sum::<f64>() / values.len() as f64,
             p50: percentile(values, 50.0),
             p90: percentile(values, 90.0),
+            p95: percentile(values, 95.0),
             p99: percentile(values, 99.0),
         })
     }
@@ -63,7 +65,7 @@ mod tests {
     fn a_summary_is_of_measured_values() {
         let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
         let s = Summary::of(&mut v).unwrap();
-        assert_eq!((s.p50, s.p90, s.p99), (50.0, 90.0, 99.0));
+        assert_eq!((s.p50, s.p90, s.p95, s.p99), (50.0, 90.0, 95.0, 99.0));
         assert_eq!(s.mean, 50.5);
         assert_eq!(Summary::of(&mut [7.0]).unwrap().p99, 7.0);
         assert_eq!(Summary::of(&mut []), None);

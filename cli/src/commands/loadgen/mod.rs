@@ -12,6 +12,9 @@
 //! streams with [`sse`]; [`report`] turns outcomes into figures, the JSON and the table;
 //! [`chart`] draws the PNG.
 //!
+//! `--scenario tool-agents` is a different load: agent runs of several turns with tool pauses
+//! between them, measured per run ([`tool_agents`]).
+//!
 //! Only a server on this machine is loaded: any other host is refused, as by the scripts in
 //! `loadtests/`.
 
@@ -19,6 +22,7 @@ mod chart;
 mod client;
 mod report;
 mod sse;
+mod tool_agents;
 mod workload;
 
 use std::net::IpAddr;
@@ -42,9 +46,9 @@ const ENDPOINT: &str = "/v1/chat/completions";
 
 #[derive(Args, Debug)]
 pub struct LoadgenArgs {
-    /// The server: its root (`/v1/chat/completions` is added) or the endpoint itself. Only
-    /// this machine's addresses are accepted.
-    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    /// The server: its root (`/v1/chat/completions` is added) or the endpoint itself, of any
+    /// OpenAI-compatible server. Only this machine's addresses are accepted.
+    #[arg(long, alias = "base-url", default_value = "http://127.0.0.1:8080")]
     url: String,
     /// Concurrency levels, comma-separated: requests in flight at once.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,32")]
@@ -81,6 +85,37 @@ pub struct LoadgenArgs {
     /// A TrueType or OpenType font for the chart's text (default: a common system font).
     #[arg(long)]
     font: Option<PathBuf>,
+    #[command(flatten)]
+    tool_agents: ToolAgentsArgs,
+}
+
+/// The `tool-agents` scenario's settings.
+#[derive(Args, Debug)]
+struct ToolAgentsArgs {
+    /// tool-agents: agent runs at once.
+    #[arg(long, default_value_t = 24)]
+    runs: usize,
+    /// tool-agents: calls per run (all but the last call a tool).
+    #[arg(long, default_value_t = 6)]
+    turns: usize,
+    /// tool-agents: median tool pause, in seconds.
+    #[arg(long, default_value_t = 1.0)]
+    pause_median_secs: f64,
+    /// tool-agents: spread of the pauses (sigma of their logarithm).
+    #[arg(long, default_value_t = 0.5)]
+    pause_sigma: f64,
+    /// tool-agents: words in each tool result.
+    #[arg(long, default_value_t = 120)]
+    tool_result_words: usize,
+    /// tool-agents: seeds the tool results and pauses.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// tool-agents: what this run measures, in the table and the chart (default: the URL).
+    #[arg(long)]
+    label: Option<String>,
+    /// tool-agents: earlier reports (`--out`) drawn and tabled beside this one.
+    #[arg(long)]
+    baseline: Vec<PathBuf>,
 }
 
 pub fn run(args: LoadgenArgs) -> Result<()> {
@@ -101,6 +136,9 @@ pub fn run(args: LoadgenArgs) -> Result<()> {
         .model
         .clone()
         .unwrap_or_else(|| args.scenario.default_model().to_owned());
+    if args.scenario == Scenario::ToolAgents {
+        return run_tool_agents(&args, url, model, labels);
+    }
     let workload = Arc::new(Workload::new(
         args.scenario,
         &model,
@@ -156,6 +194,66 @@ pub fn run(args: LoadgenArgs) -> Result<()> {
         eprintln!("chart: {}", path.display());
     }
     print!("{}", report::table(&report.levels));
+    Ok(())
+}
+
+/// The `tool-agents` scenario: runs it, writes and draws its report beside the baselines.
+fn run_tool_agents(args: &LoadgenArgs, url: Url, model: String, labels: bool) -> Result<()> {
+    let a = &args.tool_agents;
+    ensure!(
+        a.runs > 0 && a.turns > 0,
+        "--runs and --turns must be positive"
+    );
+    ensure!(
+        a.pause_median_secs >= 0.0 && a.pause_sigma >= 0.0,
+        "pauses need a median and a spread of at least 0"
+    );
+    let baselines = a
+        .baseline
+        .iter()
+        .map(|path| tool_agents::read(path))
+        .collect::<Result<Vec<_>>>()?;
+    let settings = tool_agents::Settings {
+        url: url.to_string(),
+        model,
+        label: a.label.clone().unwrap_or_else(|| args.url.clone()),
+        runs: a.runs,
+        turns: a.turns,
+        pause_median_secs: a.pause_median_secs,
+        pause_sigma: a.pause_sigma,
+        max_tokens: args.max_tokens,
+        tool_result_words: a.tool_result_words,
+        seed: a.seed,
+    };
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(args.timeout_secs))
+        .build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    eprintln!("{} runs of {} turns against {url}", a.runs, a.turns);
+    let report = runtime.block_on(tool_agents::run(
+        client,
+        url,
+        args.api_key.clone(),
+        settings,
+    ));
+    if let Some(path) = &args.out {
+        let json = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("report: {}", path.display());
+    }
+    if let Some(error) = report.runs.iter().find_map(|r| r.error.as_ref()) {
+        eprintln!("a run failed: {error}");
+    }
+    let mut all = baselines;
+    all.push(report);
+    if let Some(path) = &args.png {
+        tool_agents::draw(path, &all, labels)?;
+        eprintln!("chart: {}", path.display());
+    }
+    print!("{}", tool_agents::table(&all));
     Ok(())
 }
 

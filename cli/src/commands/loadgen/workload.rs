@@ -15,6 +15,9 @@ pub enum Scenario {
     Chat,
     /// Questions for different specialists through `model: "swarm"`, which routes each one.
     Agents,
+    /// Agent runs of several turns each: tool call, tool pause, follow-up with the result
+    /// (`--runs`, `--turns`, `--pause-median-secs`); see `tool_agents`.
+    ToolAgents,
 }
 
 impl Scenario {
@@ -22,20 +25,21 @@ impl Scenario {
         match self {
             Self::Chat => "chat",
             Self::Agents => "agents",
+            Self::ToolAgents => "tool-agents",
         }
     }
 
     /// The model requests name unless `--model` says otherwise.
     pub fn default_model(self) -> &'static str {
         match self {
-            Self::Chat => "default",
+            Self::Chat | Self::ToolAgents => "default",
             Self::Agents => "swarm",
         }
     }
 
     fn prompts(self) -> &'static [&'static str] {
         match self {
-            Self::Chat => &CHAT_QUESTIONS,
+            Self::Chat | Self::ToolAgents => &CHAT_QUESTIONS,
             Self::Agents => &AGENT_QUESTIONS,
         }
     }

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The tool-agents benchmark: the same agent workload (`swarmgate loadgen --scenario tool-agents`)
+# against swarmgate with retention and run scheduling on, with both off, and against llama.cpp's
+# llama-server on the same GGUF when LLAMA_SERVER names its binary; reports and a chart in OUT.
+#
+# The device pool is sized at half of what all runs' contexts need (POOL_BLOCKS, 16-token
+# blocks), so that they cannot all stay on the device at once. Everything listens on 127.0.0.1.
+#
+#   scripts/bench-tool-agents.sh                  # after `make build`
+#   LLAMA_SERVER=/path/to/llama-server scripts/bench-tool-agents.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BIN=${BIN:-./target/release/swarmgate}
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+OUT=${OUT:-target/bench-tool-agents}
+RUNS=${RUNS:-24}
+TURNS=${TURNS:-6}
+PAUSE=${PAUSE:-1}
+MAX_TOKENS=${MAX_TOKENS:-48}
+POOL_BLOCKS=${POOL_BLOCKS:-850}
+PORT=${PORT:-8095}
+mkdir -p "$OUT"
+
+wait_ready() {
+  for _ in $(seq 1 120); do
+    curl -sf "http://127.0.0.1:$PORT/$1" >/dev/null 2>&1 && return 0
+    sleep 0.5
+  done
+  echo "the server on :$PORT did not come up" >&2
+  return 1
+}
+
+loadgen() { # label, report, extra flags
+  local label=$1 report=$2
+  shift 2
+  "$BIN" loadgen --scenario tool-agents --url "http://127.0.0.1:$PORT" --runs "$RUNS" \
+    --turns "$TURNS" --pause-median-secs "$PAUSE" --max-tokens "$MAX_TOKENS" \
+    --label "$label" --out "$OUT/$report" --timeout-secs 600 "$@"
+}
+
+swarmgate() { # label, report name, on|off (retention and run scheduling), loadgen flags
+  local label=$1 report=$2 on=$3 ttl=30 runs=true
+  shift 3
+  [ "$on" = on ] || { ttl=0; runs=false; }
+  "$BIN" serve --host 127.0.0.1 --port "$PORT" --grpc-port 0 --model "$MODEL" \
+    --device-kv-blocks "$POOL_BLOCKS" --run-scheduling "$runs" --tool-kv-ttl-max-secs "$ttl" \
+    >"$OUT/$report.log" 2>&1 &
+  local pid=$!
+  wait_ready ready
+  loadgen "$label" "$report.json" "$@"
+  kill "$pid" && wait "$pid" 2>/dev/null || true
+}
+
+swarmgate "swarmgate, both off" off off
+swarmgate "swarmgate, both on" on on --baseline "$OUT/off.json" --png "$OUT/tool-agents.png"
+if [ -n "${LLAMA_SERVER:-}" ]; then
+  # One slot per run, each with a context that holds a whole run (-c is split among the slots).
+  "$LLAMA_SERVER" -m "$MODEL" --host 127.0.0.1 --port "$PORT" --jinja -t 2 --no-repack \
+    -np "$RUNS" -c $((RUNS * 2048)) -cb >"$OUT/llama-server.log" 2>&1 &
+  pid=$!
+  wait_ready health
+  loadgen "llama-server" llama-server.json --baseline "$OUT/off.json" --baseline "$OUT/on.json" \
+    --png "$OUT/tool-agents.png"
+  kill "$pid" && wait "$pid" 2>/dev/null || true
+fi

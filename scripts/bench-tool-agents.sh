@@ -7,6 +7,7 @@
 # blocks), so that they cannot all stay on the device at once. Everything listens on 127.0.0.1.
 #
 #   scripts/bench-tool-agents.sh                  # after `make build`
+#   RUNS=8 TURNS=4 TOOL_WORDS=60 POOL_BLOCKS=160 scripts/bench-tool-agents.sh   # a smaller run
 #   LLAMA_SERVER=/path/to/llama-server scripts/bench-tool-agents.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,8 @@ RUNS=${RUNS:-24}
 TURNS=${TURNS:-6}
 PAUSE=${PAUSE:-1}
 MAX_TOKENS=${MAX_TOKENS:-48}
-POOL_BLOCKS=${POOL_BLOCKS:-850}
+TOOL_WORDS=${TOOL_WORDS:-120}
+POOL_BLOCKS=${POOL_BLOCKS:-1100}
 PORT=${PORT:-8095}
 mkdir -p "$OUT"
 
@@ -35,7 +37,7 @@ loadgen() { # label, report, extra flags
   local label=$1 report=$2
   shift 2
   "$BIN" loadgen --scenario tool-agents --url "http://127.0.0.1:$PORT" --runs "$RUNS" \
-    --turns "$TURNS" --pause-median-secs "$PAUSE" --max-tokens "$MAX_TOKENS" \
+    --turns "$TURNS" --pause-median-secs "$PAUSE" --max-tokens "$MAX_TOKENS" --tool-result-words "$TOOL_WORDS" \
     --label "$label" --out "$OUT/$report" --timeout-secs 600 "$@"
 }
 
@@ -45,6 +47,7 @@ swarmgate() { # label, report name, on|off (retention and run scheduling), loadg
   [ "$on" = on ] || { ttl=0; runs=false; }
   "$BIN" serve --host 127.0.0.1 --port "$PORT" --grpc-port 0 --model "$MODEL" \
     --device-kv-blocks "$POOL_BLOCKS" --run-scheduling "$runs" --tool-kv-ttl-max-secs "$ttl" \
+    --first-token-timeout-secs 600 \
     >"$OUT/$report.log" 2>&1 &
   local pid=$!
   wait_ready ready

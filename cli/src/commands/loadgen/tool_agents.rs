@@ -549,6 +549,7 @@ pub fn draw(path: &PathBuf, reports: &[Report], labels: bool) -> Result<()> {
             }
             chart
                 .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
                 .background_style(WHITE.mix(0.8))
                 .border_style(BLACK)
                 .label_font(("sans-serif", 13))

@@ -232,28 +232,62 @@ struct Completion {
     usage: Option<CompletionUsage>,
 }
 
+/// A streamed chunk (shared with the tool-agents scenario, which reads calls and cache hits).
 #[derive(Deserialize)]
-struct Chunk {
+pub(super) struct Chunk {
     #[serde(default)]
-    choices: Vec<ChunkChoice>,
-    usage: Option<CompletionUsage>,
-    error: Option<serde_json::Value>,
+    pub choices: Vec<ChunkChoice>,
+    pub usage: Option<CompletionUsage>,
+    pub error: Option<serde_json::Value>,
+    /// llama.cpp's: `cache_n` is the prompt tokens it reused.
+    pub timings: Option<Timings>,
 }
 
 #[derive(Deserialize)]
-struct ChunkChoice {
+pub(super) struct ChunkChoice {
     #[serde(default)]
-    delta: Delta,
+    pub delta: Delta,
 }
 
 #[derive(Default, Deserialize)]
-struct Delta {
-    content: Option<String>,
+pub(super) struct Delta {
+    pub content: Option<String>,
+    #[serde(default)]
+    pub tool_calls: Vec<CallDelta>,
+}
+
+/// A piece of a streamed tool call.
+#[derive(Deserialize)]
+pub(super) struct CallDelta {
+    #[serde(default)]
+    pub index: usize,
+    pub id: Option<String>,
+    pub function: Option<FunctionDelta>,
 }
 
 #[derive(Deserialize)]
-struct CompletionUsage {
-    completion_tokens: usize,
+pub(super) struct FunctionDelta {
+    pub name: Option<String>,
+    pub arguments: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct CompletionUsage {
+    #[serde(default)]
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct PromptDetails {
+    #[serde(default)]
+    pub cached_tokens: usize,
+}
+
+#[derive(Deserialize)]
+pub(super) struct Timings {
+    pub cache_n: Option<usize>,
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
+use super::client::Chunk;
 use super::sse::SseParser;
 use crate::commands::stats::{ms, Summary};
 
@@ -258,60 +259,6 @@ struct Answer {
     content: String,
     /// Each call's id, name and arguments.
     calls: Vec<(String, String, String)>,
-}
-
-#[derive(Deserialize)]
-struct Chunk {
-    #[serde(default)]
-    choices: Vec<ChunkChoice>,
-    usage: Option<Usage>,
-    /// llama.cpp's: `cache_n` is the prompt tokens it reused.
-    timings: Option<Timings>,
-}
-
-#[derive(Deserialize)]
-struct ChunkChoice {
-    #[serde(default)]
-    delta: Delta,
-}
-
-#[derive(Default, Deserialize)]
-struct Delta {
-    content: Option<String>,
-    #[serde(default)]
-    tool_calls: Vec<CallDelta>,
-}
-
-#[derive(Deserialize)]
-struct CallDelta {
-    #[serde(default)]
-    index: usize,
-    id: Option<String>,
-    function: Option<FunctionDelta>,
-}
-
-#[derive(Deserialize)]
-struct FunctionDelta {
-    name: Option<String>,
-    arguments: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Usage {
-    prompt_tokens: usize,
-    completion_tokens: usize,
-    prompt_tokens_details: Option<Details>,
-}
-
-#[derive(Deserialize)]
-struct Details {
-    #[serde(default)]
-    cached_tokens: usize,
-}
-
-#[derive(Deserialize)]
-struct Timings {
-    cache_n: Option<usize>,
 }
 
 async fn call(

@@ -868,10 +868,13 @@ impl EngineLoop {
 
     /// Measures how much of the device pool the work in the engine wants.
     fn observe_pressure(&mut self) {
-        let g = self.scheduler.kv().gauges();
-        let demand = g.device_used + self.scheduler.waiting_demand_blocks();
+        // Counts kept by the pool, not a walk over its blocks: this runs every step.
+        let kv = self.scheduler.kv();
+        let total = kv.num_blocks();
+        let taken = total - kv.num_available();
+        let demand = taken + self.scheduler.waiting_demand_blocks();
         self.runs
-            .observe_pressure(demand as f64 / g.device_total.max(1) as f64);
+            .observe_pressure(demand as f64 / total.max(1) as f64);
     }
 
     fn publish_stats(&self) {

@@ -18,7 +18,7 @@
 //! The TTL is the `τ` with the greatest benefit less cost, among the pauses seen (with a margin)
 //! and the bound; until a program has shown a few pauses, the bound itself.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::kv_cache::BlockKey;
@@ -108,6 +108,8 @@ impl Ewma {
 #[derive(Debug)]
 pub struct Runs {
     runs: HashMap<String, RunState>,
+    /// Every hold's end and its run, soonest first: expiry looks at the due ones only.
+    expiries: BTreeSet<(Instant, String)>,
     pauses: HashMap<String, VecDeque<f64>>,
     /// Seconds of forward pass per prefilled token.
     prefill_secs_per_token: Ewma,
@@ -120,6 +122,7 @@ impl Default for Runs {
     fn default() -> Self {
         Self {
             runs: HashMap::new(),
+            expiries: BTreeSet::new(),
             pauses: HashMap::new(),
             // Priors, until steps are measured: a small model's prefill on a CPU, a memcpy.
             prefill_secs_per_token: Ewma(1e-3),
@@ -177,6 +180,7 @@ impl Runs {
     /// new turn's now); returns its keys, to let go.
     pub fn admitted(&mut self, run: &str) -> Option<Vec<BlockKey>> {
         let hold = self.runs.get_mut(run)?.hold.take()?;
+        self.expiries.remove(&(hold.until, run.to_owned()));
         Some(hold.keys)
     }
 
@@ -201,8 +205,13 @@ impl Runs {
         hold: Option<(Vec<BlockKey>, Instant)>,
         now: Instant,
     ) -> Option<Vec<BlockKey>> {
-        let new = hold.map(|(keys, until)| Hold { keys, until });
-        std::mem::replace(&mut self.state(run, now).hold, new).map(|h| h.keys)
+        let new = hold.map(|(keys, until)| {
+            self.expiries.insert((until, run.to_owned()));
+            Hold { keys, until }
+        });
+        let old = std::mem::replace(&mut self.state(run, now).hold, new)?;
+        self.expiries.remove(&(old.until, run.to_owned()));
+        Some(old.keys)
     }
 
     fn state(&mut self, run: &str, now: Instant) -> &mut RunState {
@@ -219,20 +228,20 @@ impl Runs {
     /// Holds whose time is up at `now`: their keys, to let go.
     pub fn expire(&mut self, now: Instant) -> Vec<Vec<BlockKey>> {
         let mut expired = Vec::new();
-        for state in self.runs.values_mut() {
-            if state.hold.as_ref().is_some_and(|h| h.until <= now) {
-                expired.extend(state.hold.take().map(|h| h.keys));
+        while let Some((until, run)) = self.expiries.pop_first() {
+            if until > now {
+                self.expiries.insert((until, run));
+                break;
             }
+            let state = self.runs.get_mut(&run).expect("an expiry names a run");
+            expired.extend(state.hold.take().map(|h| h.keys));
         }
         expired
     }
 
     /// When the next hold's time is up.
     pub fn next_expiry(&self) -> Option<Instant> {
-        self.runs
-            .values()
-            .filter_map(|r| r.hold.as_ref().map(|h| h.until))
-            .min()
+        self.expiries.first().map(|(until, _)| *until)
     }
 
     /// How long to hold `blocks` of `tokens` tokens that `program` left (see [`choose_ttl`]).

@@ -248,7 +248,7 @@ async fn stream(client: &reqwest::Client, url: &str, i: usize) -> Outcome {
         }))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("request {i}: {e}"));
+        .unwrap_or_else(|e| panic!("request {i}: {e:?}"));
     assert_eq!(response.status(), 200, "request {i}");
     let body = response.text().await.expect("the stream ends");
     let mut tokens = 0;
@@ -293,8 +293,11 @@ async fn a_gateway_survives_losing_a_worker_and_takes_it_back() {
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let url = gateway.url("/v1/chat/completions");
+    // Idle connections are dropped before the gateway's header-read timeout (10 s) closes
+    // them, so a request is never sent on a connection the gateway is closing at that moment.
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(90))
+        .pool_idle_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
     let (load_client, load_url) = (client.clone(), url.clone());

@@ -59,41 +59,177 @@ pub fn paged_attention(
         .zip(rows.par_iter())
         .for_each(|((out, q), &(s, pos))| {
             let blocks = &seqs[s].blocks;
-            let ctx = pos + 1;
-            let mut scores = vec![0f32; group * ctx];
+            let bs = layout.block_size;
+            // Where each position's vector starts for KV head 0; head g is `g * bs * hd` on.
+            let at: Vec<usize> = (0..=pos)
+                .map(|j| layout.offset(blocks[j / bs], 0, j % bs))
+                .collect();
+            let mut scores = vec![0f32; group * at.len()];
             for g in 0..layout.n_kv_heads {
-                let qg = &q[g * group * hd..(g + 1) * group * hd];
-                let og = &mut out[g * group * hd..(g + 1) * group * hd];
-                for j in 0..ctx {
-                    let at = layout.offset(blocks[j / layout.block_size], g, j % layout.block_size);
-                    let k = &keys[at..at + hd];
-                    for h in 0..group {
-                        scores[h * ctx + j] = dot(&qg[h * hd..(h + 1) * hd], k) * scale;
-                    }
-                }
-                for h in 0..group {
-                    let s = &mut scores[h * ctx..(h + 1) * ctx];
-                    let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut sum = 0f32;
-                    for x in s.iter_mut() {
-                        *x = (*x - max).exp();
-                        sum += *x;
-                    }
-                    let inv = 1.0 / sum;
-                    for x in s.iter_mut() {
-                        *x *= inv;
-                    }
-                }
-                og.fill(0.0);
-                for j in 0..ctx {
-                    let at = layout.offset(blocks[j / layout.block_size], g, j % layout.block_size);
-                    let v = &values[at..at + hd];
-                    for h in 0..group {
-                        axpy(scores[h * ctx + j], v, &mut og[h * hd..(h + 1) * hd]);
-                    }
-                }
+                let head = KvHead {
+                    keys,
+                    values,
+                    at: &at,
+                    shift: g * bs * hd,
+                    hd,
+                };
+                let span = g * group * hd..(g + 1) * group * hd;
+                attend(&q[span.clone()], &mut out[span], &head, scale, &mut scores);
             }
         });
+}
+
+/// One KV head of one sequence: its positions' vectors start at `at[j] + shift` in `keys` and
+/// `values`.
+struct KvHead<'a> {
+    keys: &'a [f32],
+    values: &'a [f32],
+    at: &'a [usize],
+    shift: usize,
+    hd: usize,
+}
+
+/// The query heads `qg` (a group sharing `head`) attend to every position of `head`, writing
+/// `og`; `scores` is scratch of one row per query head. The AVX-512 path gives bit-identical
+/// results to the portable one: the same fused multiply-adds in the same order per lane, the
+/// same reduction tree.
+fn attend(qg: &[f32], og: &mut [f32], head: &KvHead, scale: f32, scores: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if head.hd.is_multiple_of(LANES) && std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the feature was just detected; every position's vector lies in the arrays
+        // (the layout's offsets).
+        unsafe { avx512::attend(qg, og, head, scale, scores) };
+        return;
+    }
+    portable_attend(qg, og, head, scale, scores)
+}
+
+/// The reference semantics of [`attend`].
+fn portable_attend(qg: &[f32], og: &mut [f32], head: &KvHead, scale: f32, scores: &mut [f32]) {
+    let (hd, ctx) = (head.hd, head.at.len());
+    let group = qg.len() / hd;
+    for (j, &at) in head.at.iter().enumerate() {
+        let k = &head.keys[at + head.shift..at + head.shift + hd];
+        for h in 0..group {
+            scores[h * ctx + j] = dot(&qg[h * hd..(h + 1) * hd], k) * scale;
+        }
+    }
+    softmax_rows(&mut scores[..group * ctx], ctx);
+    og.fill(0.0);
+    for (j, &at) in head.at.iter().enumerate() {
+        let v = &head.values[at + head.shift..at + head.shift + hd];
+        for h in 0..group {
+            axpy(scores[h * ctx + j], v, &mut og[h * hd..(h + 1) * hd]);
+        }
+    }
+}
+
+/// Each row of `ctx` scores in `scores` turned into probabilities.
+fn softmax_rows(scores: &mut [f32], ctx: usize) {
+    for s in scores.chunks_exact_mut(ctx) {
+        let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for x in s.iter_mut() {
+            *x = (*x - max).exp();
+            sum += *x;
+        }
+        let inv = 1.0 / sum;
+        for x in s.iter_mut() {
+            *x *= inv;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{softmax_rows, KvHead, LANES};
+    use std::arch::x86_64::*;
+
+    /// [`super::portable_attend`] for a head size that is a multiple of 16: a score is one
+    /// register of 16 partial sums reduced by the same tree as [`super::dot`]; each query head's
+    /// output is accumulated in registers over the positions instead of in memory.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn attend(
+        qg: &[f32],
+        og: &mut [f32],
+        head: &KvHead,
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        let (hd, ctx) = (head.hd, head.at.len());
+        let (group, chunks) = (qg.len() / hd, hd / LANES);
+        debug_assert!(og.len() == qg.len() && scores.len() >= group * ctx);
+        debug_assert!(head
+            .at
+            .iter()
+            .all(|&at| { at + head.shift + hd <= head.keys.len().min(head.values.len()) }));
+        let (keys, values, q) = (head.keys.as_ptr(), head.values.as_ptr(), qg.as_ptr());
+        for (j, &at) in head.at.iter().enumerate() {
+            let k = keys.add(at + head.shift);
+            for h in 0..group {
+                let qh = q.add(h * hd);
+                let mut acc = _mm512_setzero_ps();
+                for c in 0..chunks {
+                    let (a, b) = (
+                        _mm512_loadu_ps(qh.add(c * LANES)),
+                        _mm512_loadu_ps(k.add(c * LANES)),
+                    );
+                    acc = _mm512_fmadd_ps(a, b, acc);
+                }
+                *scores.get_unchecked_mut(h * ctx + j) = reduce(acc) * scale;
+            }
+        }
+        softmax_rows(&mut scores[..group * ctx], ctx);
+        for h in 0..group {
+            let p = &scores[h * ctx..(h + 1) * ctx];
+            let o = og.as_mut_ptr().add(h * hd);
+            let mut c = 0;
+            while c + 4 <= chunks {
+                accumulate::<4>(
+                    p,
+                    head,
+                    values.add(head.shift + c * LANES),
+                    o.add(c * LANES),
+                );
+                c += 4;
+            }
+            while c < chunks {
+                accumulate::<1>(
+                    p,
+                    head,
+                    values.add(head.shift + c * LANES),
+                    o.add(c * LANES),
+                );
+                c += 1;
+            }
+        }
+    }
+
+    /// `o[0..16 * N] = sum_j p[j] * v_j[0..16 * N]`, in position order, `v_j` at `v + at[j]`.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn accumulate<const N: usize>(p: &[f32], head: &KvHead, v: *const f32, o: *mut f32) {
+        let mut acc = [_mm512_setzero_ps(); N];
+        for (&pj, &at) in p.iter().zip(head.at) {
+            let pj = _mm512_set1_ps(pj);
+            for (i, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v.add(at + i * LANES)), *acc);
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(o.add(i * LANES), *acc);
+        }
+    }
+
+    /// The sum of the 16 lanes by [`super::dot`]'s tree: lane l + lane l + 8, then + 4, + 2,
+    /// + 1, then the (empty) tail.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn reduce(acc: __m512) -> f32 {
+        let s = _mm512_add_ps(acc, _mm512_shuffle_f32x4::<0b11_10_11_10>(acc, acc));
+        let s = _mm512_add_ps(s, _mm512_shuffle_f32x4::<0b01_01_01_01>(s, s));
+        let s = _mm512_add_ps(s, _mm512_permute_ps::<0b11_10_11_10>(s));
+        let s = _mm512_add_ps(s, _mm512_permute_ps::<0b01_01_01_01>(s));
+        _mm512_cvtss_f32(s) + 0f32
+    }
 }
 
 /// [`paged_attention`] from candle operations: `q` is `[tokens, n_heads * head_dim]`; `keys` and
@@ -386,6 +522,48 @@ mod tests {
                     assert!((out[at + d] - expect[d]).abs() < 1e-5, "t{t} h{h} d{d}");
                 }
             }
+        }
+    }
+
+    /// The AVX-512 path is the portable loop, bit for bit, for every head size it takes.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_simd_attention_is_the_portable_loop_bit_for_bit() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let val = |a: usize, b: usize| ((a * 7919 + b * 104_729) % 1009) as f32 / 500.0 - 1.0;
+        for (hd, group, ctx) in [
+            (16, 1, 1),
+            (64, 3, 37),
+            (64, 4, 300),
+            (128, 2, 65),
+            (48, 3, 20),
+        ] {
+            let len = ctx * hd * 3 + 5;
+            let keys: Vec<f32> = (0..len).map(|i| val(i, 1)).collect();
+            let values: Vec<f32> = (0..len).map(|i| val(i, 2)).collect();
+            // Scattered positions, as blocks put them.
+            let at: Vec<usize> = (0..ctx).map(|j| ((j * 5) % ctx) * hd * 2).collect();
+            let head = KvHead {
+                keys: &keys,
+                values: &values,
+                at: &at,
+                shift: hd,
+                hd,
+            };
+            let q: Vec<f32> = (0..group * hd).map(|i| val(i, 3)).collect();
+            let (mut simd, mut portable) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+            let mut scores = vec![0f32; group * ctx];
+            // SAFETY: detected above; every vector lies in the arrays.
+            unsafe { avx512::attend(&q, &mut simd, &head, 0.125, &mut scores) };
+            portable_attend(&q, &mut portable, &head, 0.125, &mut scores);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&simd),
+                bits(&portable),
+                "hd {hd} group {group} ctx {ctx}"
+            );
         }
     }
 

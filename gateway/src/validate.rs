@@ -128,6 +128,9 @@ pub fn validate_chat(
         &limits.hints,
     )?;
     let mut messages = messages(request.messages)?;
+    if let structured::Reply::Envelope { json_response } = structured.reply {
+        structured::envelope_replies(&mut messages, json_response);
+    }
     if let Some(instructions) = &structured.instructions {
         structured::instruct(&mut messages, instructions);
     }
@@ -683,8 +686,12 @@ mod tests {
             "tools": [weather_tool("get_weather")], "tool_choice": "none"
         })))
         .unwrap();
-        assert_eq!(none.generate.response_format, engine::ResponseFormat::Text);
-        assert!(!none.prompt.contains("get_weather"));
+        let engine::ResponseFormat::Lark(grammar) = &none.generate.response_format else {
+            panic!("a grammar");
+        };
+        assert!(grammar.starts_with("start: reply\n") && !grammar.contains("calls:"));
+        // `none` reads `auto`'s instructions, so a run's last turn shares its prefix.
+        assert_eq!(none.prompt, auto.prompt);
     }
 
     #[test]
@@ -758,6 +765,35 @@ mod tests {
             ]})),
             "messages[1].tool_call_id"
         );
+    }
+
+    #[test]
+    fn text_replies_render_in_the_envelope_where_tools_are_offered() {
+        let conversation = json!([
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello \"you\"."},
+            {"role": "user", "content": "Weather in Paris?"}
+        ]);
+        let with_tools = validate(request(json!({
+            "messages": conversation, "tools": [weather_tool("get_weather")]
+        })))
+        .unwrap();
+        assert!(
+            with_tools
+                .prompt
+                .contains(r#"{"response": "Hello \"you\"."}<|im_end|>"#),
+            "{}",
+            with_tools.prompt
+        );
+        let plain = validate(request(json!({"messages": conversation}))).unwrap();
+        assert!(plain.prompt.contains("Hello \"you\".<|im_end|>"));
+        // A JSON answer is embedded as JSON; an envelope stays as it was written.
+        assert_eq!(
+            structured::render_reply(r#"{"a":[1,2]}"#, true),
+            r#"{"response": {"a": [1, 2]}}"#
+        );
+        let written = r#"{"response": "done"}"#;
+        assert_eq!(structured::render_reply(written, false), written);
     }
 
     #[test]

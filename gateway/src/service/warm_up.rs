@@ -168,14 +168,15 @@ pub fn after(events: Events, warm_up: Option<WarmUp>) -> Events {
 }
 
 /// The assistant message `answer` becomes in the conversation's history, as the chat template
-/// will see it when the client sends it back: the text, or its tool calls in the envelope.
+/// will see it when the client sends it back: the text, or, in the envelope, its tool calls or
+/// its response.
 fn assistant_text(reply: &Reply, answer: &str) -> String {
     let Reply::Envelope { json_response } = *reply else {
         return answer.to_owned();
     };
     let (content, calls) = tool_calls::read_all(answer, json_response, true);
     match calls.is_empty() {
-        true => content,
+        true => structured::render_reply(&content, json_response),
         false => structured::render_calls(&tool_calls::api_calls(calls)),
     }
 }

@@ -8,7 +8,8 @@
 //! `{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}` or `{"response": ...}`, with a
 //! fixed layout, so [`crate::tool_calls::EnvelopeReader`] can turn it back into OpenAI's shapes
 //! while it streams. `tool_choice` picks the alternatives the grammar offers:
-//! - `none`: no tools are shown, the answer is free (or follows `response_format`);
+//! - `none`: a response only (the instructions are `auto`'s, so that a run's last turn, sent
+//!   with `none`, shares its prompt's prefix, and its KV cache, with the turns before);
 //! - `auto` (the default with tools): a call or a response;
 //! - `required`: one or more calls;
 //! - a named function: exactly one call, of that function (OpenAI's "forced function");
@@ -122,7 +123,7 @@ pub fn structured(
     let response = response_format(request, limits)?;
     let functions = functions(request.tools.as_deref().unwrap_or_default(), limits)?;
     let choice = tool_choice(request.tool_choice.as_ref(), &functions)?;
-    if choice == Choice::None || functions.is_empty() {
+    if functions.is_empty() {
         let schemas = match &response {
             f @ ResponseFormat::JsonSchema { .. } => vec![("response_format".into(), f.clone())],
             _ => Vec::new(),
@@ -173,7 +174,7 @@ pub fn structured(
             _ => true,
         })
         .collect();
-    let grammar = envelope_grammar(&callable, choice == Choice::Auto, parallel, &value);
+    let grammar = envelope_grammar(&callable, &choice, parallel, &value);
     Ok(Structured {
         format: ResponseFormat::Lark(grammar),
         reply: Reply::Envelope { json_response },
@@ -182,48 +183,51 @@ pub fn structured(
     })
 }
 
-/// The Lark grammar of the envelope.
+/// The Lark grammar of the envelope, with the alternatives `choice` allows.
 fn envelope_grammar(
     callable: &[(usize, &Function)],
-    auto: bool,
+    choice: &Choice,
     parallel: bool,
     response_value: &str,
 ) -> String {
     let lit = |s: &str| serde_json::to_string(s).expect("a string serializes");
+    let reply = matches!(choice, Choice::Auto | Choice::None);
     let mut g = String::new();
-    g.push_str(if auto {
-        "start: calls | reply\n"
-    } else {
-        "start: calls\n"
+    g.push_str(match choice {
+        Choice::None => "start: reply\n",
+        Choice::Auto => "start: calls | reply\n",
+        Choice::Required | Choice::Named(_) => "start: calls\n",
     });
-    let more = if parallel { " more_1" } else { "" };
-    g.push_str(&format!(
-        "calls: {} call{more} {}\n",
-        lit(CALLS_OPEN),
-        lit("]}")
-    ));
-    if parallel {
-        // `more_k`: optionally a (k+1)th call, up to MAX_PARALLEL_CALLS in all.
-        for k in 1..MAX_PARALLEL_CALLS {
-            let next = if k + 1 < MAX_PARALLEL_CALLS {
-                format!(" more_{}", k + 1)
-            } else {
-                String::new()
-            };
-            g.push_str(&format!("more_{k}: ({} call{next})?\n", lit(", ")));
+    if !matches!(choice, Choice::None) {
+        let more = if parallel { " more_1" } else { "" };
+        g.push_str(&format!(
+            "calls: {} call{more} {}\n",
+            lit(CALLS_OPEN),
+            lit("]}")
+        ));
+        if parallel {
+            // `more_k`: optionally a (k+1)th call, up to MAX_PARALLEL_CALLS in all.
+            for k in 1..MAX_PARALLEL_CALLS {
+                let next = if k + 1 < MAX_PARALLEL_CALLS {
+                    format!(" more_{}", k + 1)
+                } else {
+                    String::new()
+                };
+                g.push_str(&format!("more_{k}: ({} call{next})?\n", lit(", ")));
+            }
+        }
+        let alternatives: Vec<String> = callable.iter().map(|(i, _)| format!("call_{i}")).collect();
+        g.push_str(&format!("call: {}\n", alternatives.join(" | ")));
+        for (i, f) in callable {
+            let open = format!("{{\"name\": \"{}\", \"arguments\": ", f.name);
+            g.push_str(&format!("call_{i}: {} args_{i} {}\n", lit(&open), lit("}")));
+            g.push_str(&format!(
+                "args_{i}: {}\n",
+                engine::constraint::lark_json(&f.parameters, !f.strict)
+            ));
         }
     }
-    let alternatives: Vec<String> = callable.iter().map(|(i, _)| format!("call_{i}")).collect();
-    g.push_str(&format!("call: {}\n", alternatives.join(" | ")));
-    for (i, f) in callable {
-        let open = format!("{{\"name\": \"{}\", \"arguments\": ", f.name);
-        g.push_str(&format!("call_{i}: {} args_{i} {}\n", lit(&open), lit("}")));
-        g.push_str(&format!(
-            "args_{i}: {}\n",
-            engine::constraint::lark_json(&f.parameters, !f.strict)
-        ));
-    }
-    if auto {
+    if reply {
         g.push_str(&format!(
             "reply: {} reply_value {}\nreply_value: {response_value}\n",
             lit(RESPONSE_OPEN),
@@ -233,7 +237,10 @@ fn envelope_grammar(
     g
 }
 
-/// What the system prompt tells the model about its tools.
+/// What the system prompt tells the model about its tools. `auto` and `none` share their text
+/// (the grammar alone keeps `none` from calling), so that an agent that ends its run with
+/// `none` finds its earlier turns' prefix in the cache; a forced call is asked for in words
+/// too, which a small model needs to make one call rather than repeat it.
 fn instructions(functions: &[Function], choice: &Choice, parallel: bool, json: bool) -> String {
     let mut text = String::from("You can call these functions:\n");
     for f in functions {
@@ -257,7 +264,7 @@ fn instructions(functions: &[Function], choice: &Choice, parallel: bool, json: b
         Choice::Required => text.push_str(&format!(
             "Call one of these functions. Answer with JSON only: {call}"
         )),
-        _ => {
+        Choice::Auto | Choice::None => {
             let reply = if json {
                 "{\"response\": <your answer as JSON>}"
             } else {
@@ -531,6 +538,31 @@ pub fn render_calls(calls: &[ToolCall]) -> String {
         })
         .collect();
     format!("{CALLS_OPEN}{}]}}", calls.join(", "))
+}
+
+/// An assistant's answer in text as the model itself writes it where tools are offered: in the
+/// envelope's response alternative (a JSON value when `json_response` and the text is one). A
+/// text already in the envelope stays as it is.
+pub fn render_reply(content: &str, json_response: bool) -> String {
+    if content.starts_with(CALLS_OPEN) || content.starts_with(RESPONSE_OPEN) {
+        return content.to_owned();
+    }
+    let value = json_response
+        .then(|| serde_json::from_str::<Value>(content).ok())
+        .flatten()
+        .unwrap_or_else(|| Value::from(content));
+    let mut reply = RESPONSE_OPEN.to_owned();
+    write_spaced(&value, &mut reply);
+    reply.push('}');
+    reply
+}
+
+/// The assistant messages of a conversation that offers tools, each in the envelope the model
+/// answers in, so that the prompt carries what it wrote (and the KV cache it left) unchanged.
+pub fn envelope_replies(messages: &mut [ChatMessage], json_response: bool) {
+    for message in messages.iter_mut().filter(|m| m.role == "assistant") {
+        message.content = render_reply(&message.content, json_response);
+    }
 }
 
 /// `value` as JSON with the separators constrained answers use (`", "`, `": "`).

@@ -2,8 +2,8 @@
 """Agent runs against any OpenAI-compatible server on this machine (standard library only).
 
 The same workload as `swarmgate loadgen --scenario tool-agents`: RUNS agent runs start together;
-each makes TURNS streamed chat calls one after another: a call with tools (the model must call
-one), a tool pause drawn from a log-normal distribution (median --pause-median-secs, spread
+each makes TURNS streamed chat calls one after another: a call with tools (tool_choice auto, as
+agent frameworks send it), a tool pause drawn from a log-normal distribution (median --pause-median-secs, spread
 --pause-sigma), then the next call with the tool's result appended; the last call answers in
 text. Prints job completion time and follow-up time-to-first-token percentiles, the prefix-cache
 hit ratio and the tokens follow-ups computed again, as JSON.
@@ -31,7 +31,8 @@ SYSTEM = ("You are a software agent. Work step by step: call one tool at a time,
 WORDS = "service request latency error deploy commit query index cache timeout retry customer".split()
 TOOLS = [{"type": "function", "function": {
     "name": name, "description": description,
-    "parameters": {"type": "object", "properties": {param: {"type": "string"}}, "required": [param]}}}
+    "parameters": {"type": "object", "properties": {param: {"type": "string"}}, "required": [param],
+                   "additionalProperties": False}}}
     for name, description, param in [
         ("search_code", "Search the repository for a text.", "query"),
         ("read_logs", "Read the service's recent logs.", "service"),
@@ -96,8 +97,10 @@ def run(args, i, results):
         for t in range(args.turns):
             last = t + 1 == args.turns
             body = {"model": args.model, "messages": messages, "tools": TOOLS,
-                    "tool_choice": "none" if last else "required", "max_tokens": args.max_tokens,
+                    "tool_choice": "none" if last else "auto", "max_tokens": args.max_tokens,
                     "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            if args.speculative_prefill and not last:
+                body["swarmgate"] = {"speculative_prefill": True}
             ttft, e2e, usage, cached, content, calls = call(args.target, args.api_key, run_id, body, args.timeout)
             turns.append({"ttft": ttft, "prompt": usage["prompt_tokens"],
                           "completion": usage["completion_tokens"], "cached": cached})
@@ -135,6 +138,8 @@ def main():
     p.add_argument("--tool-result-words", type=int, default=120)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--speculative-prefill", action="store_true",
+                   help="ask swarmgate to prefill each follow-up while the tools run")
     args = p.parse_args()
     args.target = local(args.base_url)
     results = [None] * args.runs

@@ -9,6 +9,7 @@
 #   scripts/bench-tool-agents.sh                  # after `make build`
 #   RUNS=8 TURNS=4 TOOL_WORDS=60 POOL_BLOCKS=160 scripts/bench-tool-agents.sh   # a smaller run
 #   LLAMA_SERVER=/path/to/llama-server scripts/bench-tool-agents.sh
+#   SPECULATIVE=1 scripts/bench-tool-agents.sh   # the "on" runs also send speculative_prefill
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,7 +57,9 @@ swarmgate() { # label, report name, on|off (retention and run scheduling), loadg
 }
 
 swarmgate "swarmgate, both off" off off
-swarmgate "swarmgate, both on" on on --baseline "$OUT/off.json" --png "$OUT/tool-agents.png"
+on_flags=()
+[ -z "${SPECULATIVE:-}" ] || on_flags=(--speculative-prefill)
+swarmgate "swarmgate, both on" on on --baseline "$OUT/off.json" --png "$OUT/tool-agents.png" "${on_flags[@]}"
 if [ -n "${LLAMA_SERVER:-}" ]; then
   # One slot per run, each with a context that holds a whole run (-c is split among the slots).
   "$LLAMA_SERVER" -m "$MODEL" --host 127.0.0.1 --port "$PORT" --jinja -t 2 --no-repack \

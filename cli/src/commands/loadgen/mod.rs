@@ -110,6 +110,10 @@ struct ToolAgentsArgs {
     /// tool-agents: seeds the tool results and pauses.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// tool-agents: ask swarmgate to prefill each turn's likely follow-up while its tools run
+    /// (the `swarmgate.speculative_prefill` hint; other servers ignore it).
+    #[arg(long)]
+    speculative_prefill: bool,
     /// tool-agents: what this run measures, in the table and the chart (default: the URL).
     #[arg(long)]
     label: Option<String>,
@@ -224,6 +228,7 @@ fn run_tool_agents(args: &LoadgenArgs, url: Url, model: String, labels: bool) ->
         max_tokens: args.max_tokens,
         tool_result_words: a.tool_result_words,
         seed: a.seed,
+        speculative_prefill: a.speculative_prefill,
     };
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(args.timeout_secs))

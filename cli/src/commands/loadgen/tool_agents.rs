@@ -1,8 +1,9 @@
 //! `swarmgate loadgen --scenario tool-agents`: a load that behaves like agents. `--runs` agent
 //! runs start together; each makes `--turns` chat calls, one after another: a call with tools
-//! (the model must call one) → the tool runs for a pause drawn from a log-normal distribution
+//! (strict schemas, `tool_choice: auto`, as agent frameworks send them; a turn answered in text
+//! is followed up as if it had called) → the tool runs for a pause drawn from a log-normal distribution
 //! (`--pause-median-secs`, `--pause-sigma`) → the next call with everything so far plus the
-//! tool's result; the last call answers in text. Calls stream, so that each turn's time to first
+//! tool's result; the last call answers in text (`tool_choice: none`). Calls stream, so that each turn's time to first
 //! token is seen.
 //!
 //! It reports, over the runs: job completion time (a run's start to its last answer) p50/p95,
@@ -72,6 +73,9 @@ pub struct Settings {
     pub max_tokens: usize,
     pub tool_result_words: usize,
     pub seed: u64,
+    /// Send the `speculative_prefill` hint with every turn but the last.
+    #[serde(default)]
+    pub speculative_prefill: bool,
 }
 
 /// One turn as the client saw it.
@@ -150,7 +154,7 @@ fn tools() -> Value {
             "name": name,
             "description": description,
             "parameters": {"type": "object", "properties": {param: {"type": "string"}},
-                "required": [param]}}})
+                "required": [param], "additionalProperties": false}}})
     };
     json!([
         tool("search_code", "Search the repository for a text.", "query"),
@@ -199,16 +203,19 @@ async fn agent_run(
     let mut turns = Vec::with_capacity(s.turns);
     for t in 0..s.turns {
         let last = t + 1 == s.turns;
-        let body = json!({
+        let mut body = json!({
             "model": s.model,
             "messages": messages,
             "tools": tools(),
-            "tool_choice": if last { "none" } else { "required" },
+            "tool_choice": if last { "none" } else { "auto" },
             "max_tokens": s.max_tokens,
             "temperature": 0,
             "stream": true,
             "stream_options": {"include_usage": true},
         });
+        if s.speculative_prefill && !last {
+            body["swarmgate"] = json!({"speculative_prefill": true});
+        }
         let answer = match call(client, url, key, &run_id, &body).await {
             Ok(answer) => answer,
             Err(e) => {

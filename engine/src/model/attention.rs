@@ -124,20 +124,64 @@ fn portable_attend(qg: &[f32], og: &mut [f32], head: &KvHead, scale: f32, scores
     }
 }
 
-/// Each row of `ctx` scores in `scores` turned into probabilities.
+/// Each row of `ctx` scores in `scores` turned into probabilities. Written to vectorize: the
+/// exponentials by [`exp_le0`], the sum in 16 lanes then a fixed tree, as [`dot`] sums.
 fn softmax_rows(scores: &mut [f32], ctx: usize) {
     for s in scores.chunks_exact_mut(ctx) {
         let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
         for x in s.iter_mut() {
-            *x = (*x - max).exp();
-            sum += *x;
+            *x = exp_le0(*x - max);
         }
-        let inv = 1.0 / sum;
+        let inv = 1.0 / sum(s);
         for x in s.iter_mut() {
             *x *= inv;
         }
     }
+}
+
+/// `e^x` for `x <= 0`, within 2 ulp of `f32::exp`, branch-free so that a loop of it
+/// vectorizes: `x = n ln 2 + r`, `e^r` by its Taylor polynomial on `|r| <= ln 2 / 2`, scaled by
+/// `2^n` built in the exponent bits. Below -87 (where `e^x` is under `f32`'s normal range) the
+/// result is `e^-87`, which no softmax can tell from 0.
+#[inline(always)]
+fn exp_le0(x: f32) -> f32 {
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let x = x.max(-87.0);
+    let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
+    let mut p: f32 = 1.0 / 5040.0;
+    for c in [
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ] {
+        p = p.mul_add(r, c);
+    }
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// The sum of `s` in a fixed order: 16 partial sums, then [`dot`]'s tree.
+fn sum(s: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let mut chunks = s.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (a, x) in acc.iter_mut().zip(chunk) {
+            *a += x;
+        }
+    }
+    let mut width = LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            acc[l] += acc[l + width];
+        }
+        width /= 2;
+    }
+    chunks.remainder().iter().fold(acc[0], |t, x| t + x)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -163,22 +207,12 @@ mod avx512 {
             .at
             .iter()
             .all(|&at| { at + head.shift + hd <= head.keys.len().min(head.values.len()) }));
-        let (keys, values, q) = (head.keys.as_ptr(), head.values.as_ptr(), qg.as_ptr());
-        for (j, &at) in head.at.iter().enumerate() {
-            let k = keys.add(at + head.shift);
-            for h in 0..group {
-                let qh = q.add(h * hd);
-                let mut acc = _mm512_setzero_ps();
-                for c in 0..chunks {
-                    let (a, b) = (
-                        _mm512_loadu_ps(qh.add(c * LANES)),
-                        _mm512_loadu_ps(k.add(c * LANES)),
-                    );
-                    acc = _mm512_fmadd_ps(a, b, acc);
-                }
-                *scores.get_unchecked_mut(h * ctx + j) = reduce(acc) * scale;
-            }
+        match chunks {
+            4 => score::<4>(qg, head, scale, scores),
+            8 => score::<8>(qg, head, scale, scores),
+            _ => score::<0>(qg, head, scale, scores),
         }
+        let values = head.values.as_ptr();
         softmax_rows(&mut scores[..group * ctx], ctx);
         for h in 0..group {
             let p = &scores[h * ctx..(h + 1) * ctx];
@@ -205,11 +239,53 @@ mod avx512 {
         }
     }
 
+    /// Positions ahead whose vectors are fetched into the cache while this one is used: the
+    /// blocks of a sequence are scattered, so the hardware's stride prefetch stops at each.
+    const AHEAD: usize = 8;
+
+    /// Brings the `bytes` at `p` into the cache.
+    #[inline(always)]
+    unsafe fn prefetch(p: *const f32, bytes: usize) {
+        for line in (0..bytes).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>((p as *const i8).add(line));
+        }
+    }
+
+    /// Every query head's score against every position: `C` chunks of 16 per head (0: the
+    /// head's own count, unknown when compiled).
+    #[target_feature(enable = "avx512f")]
+    unsafe fn score<const C: usize>(qg: &[f32], head: &KvHead, scale: f32, scores: &mut [f32]) {
+        let (hd, ctx) = (head.hd, head.at.len());
+        let (group, chunks) = (qg.len() / hd, if C == 0 { hd / LANES } else { C });
+        let (keys, q) = (head.keys.as_ptr(), qg.as_ptr());
+        for (j, &at) in head.at.iter().enumerate() {
+            if let Some(&next) = head.at.get(j + AHEAD) {
+                prefetch(keys.add(next + head.shift), hd * 4);
+            }
+            let k = keys.add(at + head.shift);
+            for h in 0..group {
+                let qh = q.add(h * hd);
+                let mut acc = _mm512_setzero_ps();
+                for c in 0..chunks {
+                    let (a, b) = (
+                        _mm512_loadu_ps(qh.add(c * LANES)),
+                        _mm512_loadu_ps(k.add(c * LANES)),
+                    );
+                    acc = _mm512_fmadd_ps(a, b, acc);
+                }
+                *scores.get_unchecked_mut(h * ctx + j) = reduce(acc) * scale;
+            }
+        }
+    }
+
     /// `o[0..16 * N] = sum_j p[j] * v_j[0..16 * N]`, in position order, `v_j` at `v + at[j]`.
     #[target_feature(enable = "avx512f")]
     unsafe fn accumulate<const N: usize>(p: &[f32], head: &KvHead, v: *const f32, o: *mut f32) {
         let mut acc = [_mm512_setzero_ps(); N];
-        for (&pj, &at) in p.iter().zip(head.at) {
+        for (j, (&pj, &at)) in p.iter().zip(head.at).enumerate() {
+            if let Some(&next) = head.at.get(j + AHEAD) {
+                prefetch(v.add(next), N * LANES * 4);
+            }
             let pj = _mm512_set1_ps(pj);
             for (i, acc) in acc.iter_mut().enumerate() {
                 *acc = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v.add(at + i * LANES)), *acc);
@@ -523,6 +599,20 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_softmax_exponential_is_within_two_ulp() {
+        for i in 0..=870_000 {
+            let x = -(i as f32) * 1e-4;
+            let (ours, libm) = (exp_le0(x), x.exp());
+            let ulp = (ours.to_bits() as i64 - libm.to_bits() as i64).abs();
+            assert!(ulp <= 2, "e^{x}: {ours} vs {libm} ({ulp} ulp)");
+        }
+        assert!(exp_le0(-1e30) < 1e-37 && exp_le0(f32::NEG_INFINITY) < 1e-37);
+        assert_eq!(exp_le0(0.0), 1.0);
+        let s: Vec<f32> = (0..37).map(|i| i as f32 * 0.5).collect();
+        assert_eq!(sum(&s), s.iter().sum::<f32>());
     }
 
     /// The AVX-512 path is the portable loop, bit for bit, for every head size it takes.

@@ -8,7 +8,14 @@
 //! keeps decoding batch-invariant.
 //!
 //! Grouped-query attention: the query heads sharing a KV head are processed together, so each
-//! key and value vector is read once per group. Work is split across threads by token.
+//! key vector is read from memory once per group. Work is split across threads by token.
+//!
+//! On x86-64 with AVX-512 and a head size that is a multiple of 16, the same loop runs on 16-lane
+//! registers, bit for bit the portable one (the same fused multiply-adds per lane, the same
+//! reduction tree): each query head's output accumulates in registers over the positions, and
+//! the vectors a few positions ahead are prefetched, since a sequence's blocks are scattered.
+//! The softmax is shared and written to vectorize (a polynomial exponential within 2 ulp of
+//! libm's, sums in 16 fixed lanes).
 //!
 //! [`paged_attention_ops`] is the device path's attention, over a cache held as tensors: built
 //! from candle operations (gather the blocks, batched matmuls, a causal mask, softmax, a second
@@ -125,7 +132,7 @@ fn portable_attend(qg: &[f32], og: &mut [f32], head: &KvHead, scale: f32, scores
 }
 
 /// Each row of `ctx` scores in `scores` turned into probabilities. Written to vectorize: the
-/// exponentials by [`exp_le0`], the sum in 16 lanes then a fixed tree, as [`dot`] sums.
+/// exponentials by [`exp_le0`], the sum by [`sum`].
 fn softmax_rows(scores: &mut [f32], ctx: usize) {
     for s in scores.chunks_exact_mut(ctx) {
         let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -165,7 +172,7 @@ fn exp_le0(x: f32) -> f32 {
     p * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
-/// The sum of `s` in a fixed order: 16 partial sums, then [`dot`]'s tree.
+/// The sum of `s` in a fixed order: 16 partial sums, [`fold_lanes`], then the rest in order.
 fn sum(s: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     let mut chunks = s.chunks_exact(LANES);
@@ -174,14 +181,10 @@ fn sum(s: &[f32]) -> f32 {
             *a += x;
         }
     }
-    let mut width = LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            acc[l] += acc[l + width];
-        }
-        width /= 2;
-    }
-    chunks.remainder().iter().fold(acc[0], |t, x| t + x)
+    chunks
+        .remainder()
+        .iter()
+        .fold(fold_lanes(acc), |t, x| t + x)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -296,8 +299,8 @@ mod avx512 {
         }
     }
 
-    /// The sum of the 16 lanes by [`super::dot`]'s tree: lane l + lane l + 8, then + 4, + 2,
-    /// + 1, then the (empty) tail.
+    /// The sum of the 16 lanes by [`super::fold_lanes`]'s tree, then [`super::dot`]'s (empty)
+    /// tail.
     #[target_feature(enable = "avx512f")]
     unsafe fn reduce(acc: __m512) -> f32 {
         let s = _mm512_add_ps(acc, _mm512_shuffle_f32x4::<0b11_10_11_10>(acc, acc));
@@ -510,6 +513,12 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     for i in chunks * LANES..a.len() {
         tail = a[i].mul_add(b[i], tail);
     }
+    fold_lanes(acc) + tail
+}
+
+/// The sum of 16 partial sums by a fixed tree: lane l plus lane l + 8, then + 4, + 2, + 1.
+#[inline]
+fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
     let mut width = LANES / 2;
     while width > 0 {
         for l in 0..width {
@@ -517,7 +526,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
         width /= 2;
     }
-    acc[0] + tail
+    acc[0]
 }
 
 /// `y += a * x`.

@@ -1,22 +1,29 @@
-//! A quantized linear layer whose every output is computed the same way whatever the batch.
+//! A quantized linear layer computing ggml's integer dot products, each output the same way
+//! whatever the batch.
 //!
-//! Continuous batching mixes one sequence's tokens with everyone else's, so a sequence's logits
-//! must not depend on how many rows share its matmul: otherwise a greedy request would answer
-//! differently alone and in a crowd. General GEMMs (candle's `gemm`, the quantized `QMatMul`
-//! paths) pick blockings, and so summation orders, by matrix shape. This kernel does not: each
-//! output element is one fused multiply-add chain over `k` in order, starting from zero, so a
-//! row's result is bit-identical for any batch size, tile size or thread count.
+//! Weights stay as their GGUF blocks hold them: per block of 32 inputs, integer codes `u` with a
+//! scale `d` and an offset `m` (f16, as in the file), `w = d·(u − z) + m`, where the zero point
+//! `z` is the format's (Q4_1: 0 with its minimum as `m`; Q4_0: 8; Q8_0: 128, its signed codes
+//! shifted to unsigned). Other formats are dequantized and requantized to 8 bits (lossy, logged).
 //!
-//! Weights are kept 8-bit, ~1.25 bytes per weight, as `w = q * d + m` per block of 32 inputs
-//! (`q` an i8, `d` and `m` f32). Q8_0, Q4_0 and Q4_1 GGUF blocks map onto this form exactly, so
-//! the weights are the GGUF's own values, not an approximation; other formats are dequantized
-//! and requantized (lossy, logged). Activations stay f32: unlike `QMatMul`, nothing quantizes
-//! them.
+//! Activations are quantized per row the way ggml quantizes them before its dot products (Q8_1
+//! on x86: per block of 32, `q = round_half_even(x · 127/amax)`, `d = amax/127` and `s = d·Σq`,
+//! both kept as f16), so each block's product is llama.cpp's: an exact integer dot
+//! `Σu·q − z·Σq` (AVX-512 VNNI: 64 byte products summed per instruction), times `d_w·d_x`,
+//! plus `m·s`. Our logits follow llama.cpp's, not an f32 reference's.
 //!
-//! Layout: output features in panels of [`NR`] (32); for each panel and each block of 32 inputs
-//! one [`Tile`] holding the 32 features' scales, offsets and `q[input][feature]`. The kernel
-//! walks one panel for up to [`MR`] rows at a time, dequantizing each weight once per row tile
-//! and reusing it for every row: batching saves the weight traffic that bounds decode.
+//! Batch invariance: a row's quantization depends on that row alone, the integer dots are exact,
+//! and each output's floating-point part is one fused multiply-add chain over the blocks in
+//! order, from zero. So a row's result is bit-identical for any batch size, tile size or thread
+//! count, and the SIMD kernel equals the portable one bit for bit (a test holds it so).
+//!
+//! Layout: output features in panels of [`NR`] (32); per panel and block one [`Tile`] with the
+//! 32 features' scales and offsets and their codes as the VNNI instruction reads them: 16
+//! features × 4 consecutive inputs per 64-byte vector. 4-bit codes go two to a byte, inputs 0-15
+//! in the low nibbles and 16-31 in the high ones, as in the GGUF: 0.625 bytes a weight, the
+//! file's own size. The kernel walks one panel for up to [`MR`] rows at a time, each weight
+//! vector loaded once for every row of the tile: batching saves the weight traffic that bounds
+//! decode.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor};
@@ -28,23 +35,59 @@ pub const NR: usize = 32;
 /// Inputs per quantization block.
 pub const QK: usize = 32;
 /// Rows per register tile.
-pub const MR: usize = 6;
+pub const MR: usize = 4;
+/// Features per vector of sums (16 × i32 in 512 bits).
+const LANES: usize = 16;
+/// Code bytes of a tile of 4-bit codes.
+const FOUR: usize = NR * QK / 2;
+/// Code bytes of a tile of 8-bit codes.
+const EIGHT: usize = NR * QK;
 
-/// One block of 32 inputs for one panel of 32 output features.
+/// One block of 32 inputs for one panel of 32 output features; `B` bytes of codes.
 #[derive(Clone)]
 #[repr(C, align(64))]
-pub struct Tile {
-    d: [f32; NR],
-    m: [f32; NR],
-    q: [[i8; NR]; QK],
+pub struct Tile<const B: usize> {
+    d: [f16; NR],
+    m: [f16; NR],
+    q: [u8; B],
 }
 
-impl Tile {
-    const ZERO: Tile = Tile {
-        d: [0.0; NR],
-        m: [0.0; NR],
-        q: [[0; NR]; QK],
+impl<const B: usize> Tile<B> {
+    const ZERO: Self = Self {
+        d: [f16::ZERO; NR],
+        m: [f16::ZERO; NR],
+        q: [0; B],
     };
+    const MASK: u8 = if B == FOUR { 0x0f } else { 0xff };
+
+    /// The byte holding feature `lane`'s code for input `kk`, and the code's shift in it.
+    fn place(lane: usize, kk: usize) -> (usize, u32) {
+        let (half, f) = (lane / LANES, lane % LANES);
+        if B == FOUR {
+            let vector = half * 4 + (kk % 16) / 4;
+            (vector * 64 + f * 4 + kk % 4, 4 * (kk / 16) as u32)
+        } else {
+            let vector = half * 8 + kk / 4;
+            (vector * 64 + f * 4 + kk % 4, 0)
+        }
+    }
+
+    fn code(&self, lane: usize, kk: usize) -> i32 {
+        let (byte, shift) = Self::place(lane, kk);
+        ((self.q[byte] >> shift) & Self::MASK) as i32
+    }
+
+    fn set_code(&mut self, lane: usize, kk: usize, u: u8) {
+        let (byte, shift) = Self::place(lane, kk);
+        self.q[byte] |= (u & Self::MASK) << shift;
+    }
+}
+
+/// The packed weights, by code width.
+#[derive(Clone)]
+enum Tiles {
+    Four(Vec<Tile<FOUR>>),
+    Eight(Vec<Tile<EIGHT>>),
 }
 
 /// `y = x W^T` for `W` of shape `[out_features, in_features]`.
@@ -52,8 +95,10 @@ impl Tile {
 pub struct Linear {
     out_features: usize,
     in_features: usize,
+    /// The zero point `z` of every block.
+    zero: i32,
     /// `tiles[panel * k_blocks + block]`.
-    tiles: Vec<Tile>,
+    tiles: Tiles,
 }
 
 impl std::fmt::Debug for Linear {
@@ -61,15 +106,23 @@ impl std::fmt::Debug for Linear {
         f.debug_struct("Linear")
             .field("out_features", &self.out_features)
             .field("in_features", &self.in_features)
+            .field("bits", &self.bits())
             .finish()
     }
 }
 
-/// One row of 32 weights in `w = q * d + m` form.
+/// One row of 32 weights, `w = d·(u − z) + m`.
 struct BlockRow {
-    d: f32,
-    m: f32,
-    q: [i8; QK],
+    d: f16,
+    m: f16,
+    u: [u8; QK],
+}
+
+/// A weight matrix as rows of blocks, all of one code width and zero point.
+struct Blocks {
+    bits: u32,
+    zero: i32,
+    rows: Vec<Vec<BlockRow>>,
 }
 
 impl Linear {
@@ -80,42 +133,51 @@ impl Linear {
 
     /// Packs several weights with the same input size as one layer whose outputs are their
     /// outputs concatenated (q/k/v, or gate/up): one pass over the activations instead of several.
+    /// Parts of different formats are all requantized to 8 bits.
     pub fn from_qtensors(parts: &[&QTensor]) -> candle_core::Result<Self> {
-        let mut rows: Vec<Vec<BlockRow>> = Vec::new();
         let mut in_features = None;
         for t in parts {
-            let (n, k) = t.shape().dims2()?;
+            let (_, k) = t.shape().dims2()?;
             if *in_features.get_or_insert(k) != k {
                 candle_core::bail!("fused weights disagree on input size");
             }
             if k % QK != 0 {
                 candle_core::bail!("input size {k} is not a multiple of {QK}");
             }
-            rows.extend(block_rows(t, n, k)?);
         }
         let in_features = in_features.unwrap_or(0);
-        Ok(Self::pack(rows, in_features))
-    }
-
-    fn pack(rows: Vec<Vec<BlockRow>>, in_features: usize) -> Self {
-        let out_features = rows.len();
-        let kb = in_features / QK;
-        let panels = out_features.div_ceil(NR);
-        let mut tiles = vec![Tile::ZERO; panels * kb];
-        for (feature, blocks) in rows.into_iter().enumerate() {
-            let (panel, lane) = (feature / NR, feature % NR);
-            for (b, block) in blocks.into_iter().enumerate() {
-                let tile = &mut tiles[panel * kb + b];
-                tile.d[lane] = block.d;
-                tile.m[lane] = block.m;
-                for (kk, q) in block.q.into_iter().enumerate() {
-                    tile.q[kk][lane] = q;
-                }
+        let same_format = parts.windows(2).all(|w| w[0].dtype() == w[1].dtype());
+        let mut all: Option<Blocks> = None;
+        for t in parts {
+            let blocks = if same_format {
+                blocks(t)?
+            } else {
+                requantized_blocks(t)?
+            };
+            match &mut all {
+                Some(all) => all.rows.extend(blocks.rows),
+                None => all = Some(blocks),
             }
         }
+        let all = all.unwrap_or(Blocks {
+            bits: 8,
+            zero: 0,
+            rows: Vec::new(),
+        });
+        Ok(Self::pack(all, in_features))
+    }
+
+    fn pack(blocks: Blocks, in_features: usize) -> Self {
+        let out_features = blocks.rows.len();
+        let tiles = if blocks.bits == 4 {
+            Tiles::Four(pack_tiles(&blocks.rows, in_features))
+        } else {
+            Tiles::Eight(pack_tiles(&blocks.rows, in_features))
+        };
         Self {
             out_features,
             in_features,
+            zero: blocks.zero,
             tiles,
         }
     }
@@ -124,24 +186,44 @@ impl Linear {
         self.out_features
     }
 
-    /// Bytes the packed weights take.
-    pub fn bytes(&self) -> usize {
-        std::mem::size_of_val(self.tiles.as_slice())
-    }
-
     pub fn in_features(&self) -> usize {
         self.in_features
+    }
+
+    /// Bits per code.
+    pub fn bits(&self) -> u32 {
+        match self.tiles {
+            Tiles::Four(_) => 4,
+            Tiles::Eight(_) => 8,
+        }
+    }
+
+    /// Bytes the packed weights take.
+    pub fn bytes(&self) -> usize {
+        match &self.tiles {
+            Tiles::Four(t) => std::mem::size_of_val(t.as_slice()),
+            Tiles::Eight(t) => std::mem::size_of_val(t.as_slice()),
+        }
     }
 
     /// One output feature's weights (a row of `W`), as f32: the embedding lookup of a tied
     /// embedding / LM head.
     pub fn row(&self, feature: usize) -> Vec<f32> {
+        match &self.tiles {
+            Tiles::Four(t) => self.row_of(t, feature),
+            Tiles::Eight(t) => self.row_of(t, feature),
+        }
+    }
+
+    fn row_of<const B: usize>(&self, tiles: &[Tile<B>], feature: usize) -> Vec<f32> {
         let kb = self.in_features / QK;
         let (panel, lane) = (feature / NR, feature % NR);
         let mut out = Vec::with_capacity(self.in_features);
-        for tile in &self.tiles[panel * kb..(panel + 1) * kb] {
-            for q in &tile.q {
-                out.push((q[lane] as f32).mul_add(tile.d[lane], tile.m[lane]));
+        for tile in &tiles[panel * kb..(panel + 1) * kb] {
+            let (d, m) = (tile.d[lane].to_f32(), tile.m[lane].to_f32());
+            for kk in 0..QK {
+                let u = (tile.code(lane, kk) - self.zero) as f32;
+                out.push(u.mul_add(d, m));
             }
         }
         out
@@ -158,7 +240,16 @@ impl Linear {
         let rows = x.len() / k;
         assert_eq!(x.len(), rows * k, "input is not a whole number of rows");
         assert_eq!(dst.len(), rows * n, "output size mismatch");
-        let kb = k / QK;
+        let acts = Activations::quantize(x);
+        match &self.tiles {
+            Tiles::Four(t) => self.matmul_tiles(t, &acts, dst),
+            Tiles::Eight(t) => self.matmul_tiles(t, &acts, dst),
+        }
+    }
+
+    fn matmul_tiles<const B: usize>(&self, tiles: &[Tile<B>], acts: &Activations, dst: &mut [f32]) {
+        let (k, n) = (self.in_features, self.out_features);
+        let (kb, rows) = (k / QK, acts.codes.len() / k);
         let dst_ptr = SendPtr(dst.as_mut_ptr());
         let panels = n.div_ceil(NR);
         // Enough work per task to amortise scheduling, enough tasks to keep both cores busy.
@@ -167,13 +258,17 @@ impl Linear {
             .into_par_iter()
             .with_min_len(min_len)
             .for_each(|panel| {
-                let tiles = &self.tiles[panel * kb..(panel + 1) * kb];
+                let tiles = &tiles[panel * kb..(panel + 1) * kb];
                 let cols = NR.min(n - panel * NR);
                 let mut r0 = 0;
                 while r0 < rows {
                     let mr = MR.min(rows - r0);
                     let mut acc = [[0f32; NR]; MR];
-                    panel_kernel(tiles, &x[r0 * k..(r0 + mr) * k], k, mr, &mut acc);
+                    let tile_rows = RowTile {
+                        codes: &acts.codes[r0 * k..(r0 + mr) * k],
+                        scales: &acts.scales[r0 * kb..(r0 + mr) * kb],
+                    };
+                    panel_kernel(tiles, self.zero, tile_rows, mr, &mut acc);
                     for (i, acc_row) in acc.iter().enumerate().take(mr) {
                         // SAFETY: each (row, panel) output range is written by exactly one task.
                         unsafe {
@@ -185,6 +280,76 @@ impl Linear {
                 }
             });
     }
+}
+
+fn pack_tiles<const B: usize>(rows: &[Vec<BlockRow>], in_features: usize) -> Vec<Tile<B>> {
+    let kb = in_features / QK;
+    let panels = rows.len().div_ceil(NR);
+    let mut tiles = vec![Tile::<B>::ZERO; panels * kb];
+    for (feature, blocks) in rows.iter().enumerate() {
+        let (panel, lane) = (feature / NR, feature % NR);
+        for (b, block) in blocks.iter().enumerate() {
+            let tile = &mut tiles[panel * kb + b];
+            tile.d[lane] = block.d;
+            tile.m[lane] = block.m;
+            for (kk, &u) in block.u.iter().enumerate() {
+                tile.set_code(lane, kk, u);
+            }
+        }
+    }
+    tiles
+}
+
+/// A block of 32 activations' scale (`d`, f16-rounded), `s = d·Σq` (f16-rounded) and `Σq`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct BlockScale {
+    d: f32,
+    s: f32,
+    sum: i32,
+}
+
+/// Rows of activations quantized to 8 bits per block of 32, as ggml's Q8_1.
+struct Activations {
+    codes: Vec<i8>,
+    scales: Vec<BlockScale>,
+}
+
+impl Activations {
+    fn quantize(x: &[f32]) -> Self {
+        let mut codes = vec![0i8; x.len()];
+        let mut scales = vec![BlockScale::default(); x.len() / QK];
+        codes
+            .par_chunks_mut(QK)
+            .zip(scales.par_iter_mut())
+            .zip(x.par_chunks(QK))
+            .with_min_len(1024)
+            .for_each(|((q, scale), x)| *scale = quantize_block(x, q));
+        Self { codes, scales }
+    }
+}
+
+/// ggml's x86 Q8_1 quantization of one block: `q = round_half_even(x · 127/amax)`.
+fn quantize_block(x: &[f32], q: &mut [i8]) -> BlockScale {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut sum = 0;
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = (v * id).round_ties_even() as i8;
+        sum += *q as i32;
+    }
+    BlockScale {
+        d: f16::from_f32(d).to_f32(),
+        s: f16::from_f32(d * sum as f32).to_f32(),
+        sum,
+    }
+}
+
+/// Up to [`MR`] rows of quantized activations: `codes[row * k + input]`, `scales[row * kb + b]`.
+#[derive(Clone, Copy)]
+struct RowTile<'a> {
+    codes: &'a [i8],
+    scales: &'a [BlockScale],
 }
 
 #[derive(Clone, Copy)]
@@ -226,39 +391,56 @@ impl CustomOp1 for Linear {
     }
 }
 
-/// Accumulates `acc[i][j] = sum_k x[i][k] * w[j][k]` for `mr` rows and one panel.
-fn panel_kernel(tiles: &[Tile], x: &[f32], k: usize, mr: usize, acc: &mut [[f32; NR]; MR]) {
+/// Accumulates `acc[i][j] = Σ_blocks` of row `i`'s product with feature `j` for `mr` rows and one
+/// panel.
+fn panel_kernel<const B: usize>(
+    tiles: &[Tile<B>],
+    zero: i32,
+    x: RowTile,
+    mr: usize,
+    acc: &mut [[f32; NR]; MR],
+) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the feature was just detected.
+    if avx512::detected() {
+        // SAFETY: the features were just detected.
         unsafe {
             match mr {
-                1 => avx512::panel::<1>(tiles, x, k, acc),
-                2 => avx512::panel::<2>(tiles, x, k, acc),
-                3 => avx512::panel::<3>(tiles, x, k, acc),
-                4 => avx512::panel::<4>(tiles, x, k, acc),
-                5 => avx512::panel::<5>(tiles, x, k, acc),
-                _ => avx512::panel::<6>(tiles, x, k, acc),
+                1 => avx512::panel::<B, 1>(tiles, zero, x, acc),
+                2 => avx512::panel::<B, 2>(tiles, zero, x, acc),
+                3 => avx512::panel::<B, 3>(tiles, zero, x, acc),
+                _ => avx512::panel::<B, 4>(tiles, zero, x, acc),
             }
         }
         return;
     }
-    portable_panel(tiles, x, k, mr, acc)
+    portable_panel(tiles, zero, x, mr, acc)
 }
 
 /// The reference semantics of the kernel; SIMD versions must give bit-identical results.
-fn portable_panel(tiles: &[Tile], x: &[f32], k: usize, mr: usize, acc: &mut [[f32; NR]; MR]) {
+fn portable_panel<const B: usize>(
+    tiles: &[Tile<B>],
+    zero: i32,
+    x: RowTile,
+    mr: usize,
+    acc: &mut [[f32; NR]; MR],
+) {
+    let kb = tiles.len();
+    let k = kb * QK;
+    for acc_row in acc.iter_mut().take(mr) {
+        *acc_row = [0.0; NR];
+    }
     for (b, tile) in tiles.iter().enumerate() {
-        for (kk, q) in tile.q.iter().enumerate() {
-            let mut w = [0f32; NR];
-            for j in 0..NR {
-                w[j] = (q[j] as f32).mul_add(tile.d[j], tile.m[j]);
-            }
-            for (i, acc_row) in acc.iter_mut().enumerate().take(mr) {
-                let xv = x[i * k + b * QK + kk];
-                for j in 0..NR {
-                    acc_row[j] = xv.mul_add(w[j], acc_row[j]);
-                }
+        for (i, acc_row) in acc.iter_mut().enumerate().take(mr) {
+            let codes = &x.codes[i * k + b * QK..][..QK];
+            let scale = x.scales[i * kb + b];
+            for (lane, acc) in acc_row.iter_mut().enumerate() {
+                let dot: i32 = (0..QK)
+                    .map(|kk| tile.code(lane, kk) * codes[kk] as i32)
+                    .sum();
+                let dot = (dot - zero * scale.sum) as f32;
+                let (d, m) = (tile.d[lane].to_f32(), tile.m[lane].to_f32());
+                *acc = dot.mul_add(d * scale.d, *acc);
+                *acc = m.mul_add(scale.s, *acc);
             }
         }
     }
@@ -266,88 +448,148 @@ fn portable_panel(tiles: &[Tile], x: &[f32], k: usize, mr: usize, acc: &mut [[f3
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Tile, MR, NR, QK};
+    use super::{RowTile, Tile, FOUR, LANES, MR, NR, QK};
+    use half::f16;
     use std::arch::x86_64::*;
 
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn panel<const R: usize>(
-        tiles: &[Tile],
-        x: &[f32],
-        k: usize,
+    pub fn detected() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+
+    /// Four consecutive activation codes broadcast to every lane.
+    #[inline(always)]
+    unsafe fn quad(p: *const i8) -> __m512i {
+        _mm512_set1_epi32(p.cast::<i32>().read_unaligned())
+    }
+
+    /// Sixteen f16 values as f32.
+    #[inline(always)]
+    unsafe fn halves(p: *const f16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn panel<const B: usize, const R: usize>(
+        tiles: &[Tile<B>],
+        zero: i32,
+        x: RowTile,
         acc: &mut [[f32; NR]; MR],
     ) {
-        debug_assert!(x.len() >= R * k);
-        let mut lo = [_mm512_setzero_ps(); R];
-        let mut hi = [_mm512_setzero_ps(); R];
-        let xp = x.as_ptr();
+        let kb = tiles.len();
+        let k = kb * QK;
+        debug_assert!(x.codes.len() >= R * k && x.scales.len() >= R * kb);
+        let xp = x.codes.as_ptr();
+        let nibble = _mm512_set1_epi8(0x0f);
+        let mut out = [[_mm512_setzero_ps(); 2]; R];
         for (b, tile) in tiles.iter().enumerate() {
-            let d_lo = _mm512_loadu_ps(tile.d.as_ptr());
-            let d_hi = _mm512_loadu_ps(tile.d.as_ptr().add(16));
-            let m_lo = _mm512_loadu_ps(tile.m.as_ptr());
-            let m_hi = _mm512_loadu_ps(tile.m.as_ptr().add(16));
-            for kk in 0..QK {
-                let q = tile.q[kk].as_ptr() as *const __m128i;
-                let q_lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)));
-                let q_hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q.add(1))));
-                let w_lo = _mm512_fmadd_ps(q_lo, d_lo, m_lo);
-                let w_hi = _mm512_fmadd_ps(q_hi, d_hi, m_hi);
-                let col = b * QK + kk;
-                for i in 0..R {
-                    let xv = _mm512_set1_ps(*xp.add(i * k + col));
-                    lo[i] = _mm512_fmadd_ps(xv, w_lo, lo[i]);
-                    hi[i] = _mm512_fmadd_ps(xv, w_hi, hi[i]);
+            let mut dots = [[_mm512_setzero_si512(); 2]; R];
+            let q = tile.q.as_ptr();
+            if B == FOUR {
+                // Vector `l` of each half: inputs 4l..4l+4 in the low nibbles, 16+4l.. in the high.
+                for l in 0..4 {
+                    let raw = [
+                        _mm512_load_si512(q.add(l * 64).cast()),
+                        _mm512_load_si512(q.add((4 + l) * 64).cast()),
+                    ];
+                    let lo = [
+                        _mm512_and_si512(raw[0], nibble),
+                        _mm512_and_si512(raw[1], nibble),
+                    ];
+                    let hi = [
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(raw[0]), nibble),
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(raw[1]), nibble),
+                    ];
+                    for (i, dot) in dots.iter_mut().enumerate() {
+                        let row = xp.add(i * k + b * QK);
+                        let (xl, xh) = (quad(row.add(4 * l)), quad(row.add(16 + 4 * l)));
+                        for h in 0..2 {
+                            dot[h] = _mm512_dpbusd_epi32(dot[h], lo[h], xl);
+                            dot[h] = _mm512_dpbusd_epi32(dot[h], hi[h], xh);
+                        }
+                    }
+                }
+            } else {
+                for g in 0..QK / 4 {
+                    let w = [
+                        _mm512_load_si512(q.add(g * 64).cast()),
+                        _mm512_load_si512(q.add((8 + g) * 64).cast()),
+                    ];
+                    for (i, dot) in dots.iter_mut().enumerate() {
+                        let xq = quad(xp.add(i * k + b * QK + 4 * g));
+                        for h in 0..2 {
+                            dot[h] = _mm512_dpbusd_epi32(dot[h], w[h], xq);
+                        }
+                    }
+                }
+            }
+            let d = [halves(tile.d.as_ptr()), halves(tile.d.as_ptr().add(LANES))];
+            let m = [halves(tile.m.as_ptr()), halves(tile.m.as_ptr().add(LANES))];
+            for i in 0..R {
+                let scale = *x.scales.get_unchecked(i * kb + b);
+                let correction = _mm512_set1_epi32(zero * scale.sum);
+                let (dx, sx) = (_mm512_set1_ps(scale.d), _mm512_set1_ps(scale.s));
+                for h in 0..2 {
+                    let dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(dots[i][h], correction));
+                    out[i][h] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d[h], dx), out[i][h]);
+                    out[i][h] = _mm512_fmadd_ps(m[h], sx, out[i][h]);
                 }
             }
         }
         for i in 0..R {
-            _mm512_storeu_ps(acc[i].as_mut_ptr(), lo[i]);
-            _mm512_storeu_ps(acc[i].as_mut_ptr().add(16), hi[i]);
+            _mm512_storeu_ps(acc[i].as_mut_ptr(), out[i][0]);
+            _mm512_storeu_ps(acc[i].as_mut_ptr().add(LANES), out[i][1]);
         }
     }
 }
 
-/// Reads a GGUF weight as rows of `w = q * d + m` blocks.
-fn block_rows(t: &QTensor, n: usize, k: usize) -> candle_core::Result<Vec<Vec<BlockRow>>> {
+/// Reads a GGUF weight as blocks, exactly where its format maps onto `w = d·(u − z) + m`.
+fn blocks(t: &QTensor) -> candle_core::Result<Blocks> {
+    let (n, k) = t.shape().dims2()?;
     let kb = k / QK;
-    let exact = |bytes_per_block: usize, decode: &dyn Fn(&[u8]) -> BlockRow| {
-        let data = t.data()?;
-        if data.len() != n * kb * bytes_per_block {
-            candle_core::bail!("unexpected {:?} tensor size {}", t.dtype(), data.len());
-        }
-        Ok(data
-            .chunks_exact(kb * bytes_per_block)
-            .map(|row| row.chunks_exact(bytes_per_block).map(decode).collect())
-            .collect())
-    };
-    let half = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let exact =
+        |bits: u32, zero: i32, bytes_per_block: usize, decode: &dyn Fn(&[u8]) -> BlockRow| {
+            let data = t.data()?;
+            if data.len() != n * kb * bytes_per_block {
+                candle_core::bail!("unexpected {:?} tensor size {}", t.dtype(), data.len());
+            }
+            let rows = data
+                .chunks_exact(kb * bytes_per_block)
+                .map(|row| row.chunks_exact(bytes_per_block).map(decode).collect())
+                .collect();
+            Ok(Blocks { bits, zero, rows })
+        };
+    let half = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]);
     match t.dtype() {
-        GgmlDType::Q8_0 => exact(2 + QK, &|b| BlockRow {
+        GgmlDType::Q8_0 => exact(8, 128, 2 + QK, &|b| BlockRow {
             d: half(b),
-            m: 0.0,
-            q: std::array::from_fn(|j| b[2 + j] as i8),
+            m: f16::ZERO,
+            u: std::array::from_fn(|j| b[2 + j] ^ 0x80),
         }),
-        GgmlDType::Q4_0 => exact(2 + QK / 2, &|b| BlockRow {
+        GgmlDType::Q4_0 => exact(4, 8, 2 + QK / 2, &|b| BlockRow {
             d: half(b),
-            m: 0.0,
-            q: std::array::from_fn(|j| nibble(&b[2..], j) as i8 - 8),
+            m: f16::ZERO,
+            u: std::array::from_fn(|j| nibble(&b[2..], j)),
         }),
-        GgmlDType::Q4_1 => exact(4 + QK / 2, &|b| BlockRow {
+        GgmlDType::Q4_1 => exact(4, 0, 4 + QK / 2, &|b| BlockRow {
             d: half(b),
             m: half(&b[2..]),
-            q: std::array::from_fn(|j| nibble(&b[4..], j) as i8),
+            u: std::array::from_fn(|j| nibble(&b[4..], j)),
         }),
-        other => {
-            tracing::warn!(dtype = ?other, "weights requantized to 8 bits: not bit-exact");
-            let values = t
-                .dequantize(&Device::Cpu)?
-                .flatten_all()?
-                .to_vec1::<f32>()?;
-            Ok(values
-                .chunks_exact(k)
-                .map(|row| row.chunks_exact(QK).map(requantize).collect())
-                .collect())
-        }
+        _ => requantized_blocks(t),
     }
+}
+
+/// Any weight, dequantized and requantized to 8 bits: not bit-exact.
+fn requantized_blocks(t: &QTensor) -> candle_core::Result<Blocks> {
+    tracing::warn!(dtype = ?t.dtype(), "weights requantized to 8 bits: not bit-exact");
+    let (_, k) = t.shape().dims2()?;
+    let values = t
+        .dequantize(&Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    Ok(requantize(&values, k))
 }
 
 /// Element `j` of a 32-value block packed as 16 bytes: low nibbles first, then high nibbles.
@@ -359,20 +601,35 @@ fn nibble(qs: &[u8], j: usize) -> u8 {
     }
 }
 
-/// Asymmetric 8-bit quantization of 32 values: `v ~= q * d + m`.
-fn requantize(values: &[f32]) -> BlockRow {
-    let lo = values.iter().copied().fold(f32::INFINITY, f32::min);
-    let hi = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mid = (lo + hi) / 2.0;
-    let d = (hi - lo) / 254.0;
-    let q = std::array::from_fn(|j| {
-        if d == 0.0 {
-            0
-        } else {
-            ((values[j] - mid) / d).round().clamp(-127.0, 127.0) as i8
+/// Rows of `k` values as asymmetric 8-bit blocks: `v ≈ d·u + m`, `m` the block's minimum.
+fn requantize(values: &[f32], k: usize) -> Blocks {
+    let block = |v: &[f32]| {
+        let lo = v.iter().copied().fold(f32::INFINITY, f32::min);
+        let hi = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let m = f16::from_f32(lo);
+        let d = f16::from_f32((hi - m.to_f32()) / 255.0);
+        let (m, d) = (m.to_f32(), d.to_f32());
+        let u = std::array::from_fn(|j| {
+            if d > 0.0 {
+                ((v[j] - m) / d).round().clamp(0.0, 255.0) as u8
+            } else {
+                0
+            }
+        });
+        BlockRow {
+            d: f16::from_f32(d),
+            m: f16::from_f32(m),
+            u,
         }
-    });
-    BlockRow { d, m: mid, q }
+    };
+    Blocks {
+        bits: 8,
+        zero: 0,
+        rows: values
+            .chunks_exact(k)
+            .map(|row| row.chunks_exact(QK).map(block).collect())
+            .collect(),
+    }
 }
 
 /// Used by tests and tools that need a layer without a GGUF.
@@ -380,11 +637,7 @@ impl Linear {
     pub fn from_f32(weights: &[f32], out_features: usize, in_features: usize) -> Self {
         assert_eq!(weights.len(), out_features * in_features);
         assert_eq!(in_features % QK, 0);
-        let rows = weights
-            .chunks_exact(in_features)
-            .map(|row| row.chunks_exact(QK).map(requantize).collect())
-            .collect();
-        Self::pack(rows, in_features)
+        Self::pack(requantize(weights, in_features), in_features)
     }
 }
 
@@ -393,17 +646,28 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn layer(n: usize, k: usize, seed: u64) -> Linear {
+    fn values(len: usize, seed: u64) -> Vec<f32> {
         let mut s = seed;
-        let w: Vec<f32> = (0..n * k)
+        (0..len)
             .map(|_| {
                 s = s
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
                 ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
             })
-            .collect();
-        Linear::from_f32(&w, n, k)
+            .collect()
+    }
+
+    fn layer(n: usize, k: usize, seed: u64) -> Linear {
+        Linear::from_f32(&values(n * k, seed), n, k)
+    }
+
+    /// A layer in a GGUF format, through candle's quantizer.
+    fn gguf_layer(dtype: GgmlDType, n: usize, k: usize, seed: u64) -> (QTensor, Linear) {
+        let w = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&w, dtype).unwrap();
+        let lin = Linear::from_qtensor(&q).unwrap();
+        (q, lin)
     }
 
     fn input(rows: usize, k: usize) -> Vec<f32> {
@@ -413,32 +677,96 @@ mod tests {
     }
 
     #[test]
-    fn matches_dequantized_reference() {
-        let (n, k, rows) = (70, 96, 3);
+    fn activations_are_quantized_as_ggml_does() {
+        // amax 2.54: 127/amax = 50, so 0.01 → 0.5 → 0 and 0.03 → 1.5 → 2 (ties to even).
+        let mut x = [0f32; QK];
+        x[..4].copy_from_slice(&[2.54, -2.54, 0.01, 0.03]);
+        let mut q = [0i8; QK];
+        let scale = quantize_block(&x, &mut q);
+        assert_eq!(q[..4], [127, -127, 0, 2]);
+        assert_eq!(q[4..], [0; QK - 4]);
+        assert_eq!(scale.sum, 2);
+        assert_eq!(scale.d, f16::from_f32(0.02).to_f32());
+        assert_eq!(scale.s, f16::from_f32(0.04).to_f32());
+        let mut zero = [1i8; QK];
+        let scale = quantize_block(&[0.0; QK], &mut zero);
+        assert_eq!((zero, scale), ([0; QK], BlockScale::default()));
+    }
+
+    #[test]
+    fn codes_round_trip_through_the_layout() {
+        for (dtype, bits) in [
+            (GgmlDType::Q4_0, 4),
+            (GgmlDType::Q4_1, 4),
+            (GgmlDType::Q8_0, 8),
+        ] {
+            let (q, lin) = gguf_layer(dtype, 40, 64, 5);
+            assert_eq!(lin.bits(), bits);
+            let expect = q
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap();
+            for (j, row) in expect.iter().enumerate() {
+                assert_eq!(&lin.row(j), row, "{dtype:?} row {j}");
+            }
+        }
+    }
+
+    /// Each output within the activations' quantization error of the exact product.
+    #[test]
+    fn matches_the_exact_product_within_quantization_error() {
+        let (n, k, rows) = (70, 96, 5);
         let lin = layer(n, k, 7);
         let x = input(rows, k);
         let mut y = vec![0f32; rows * n];
         lin.matmul(&x, &mut y);
         for r in 0..rows {
+            let xr = &x[r * k..(r + 1) * k];
             for j in 0..n {
                 let w = lin.row(j);
-                let expect: f32 = (0..k).map(|c| x[r * k + c] * w[c]).sum();
-                assert!((y[r * n + j] - expect).abs() < 1e-4, "{r},{j}");
+                let exact: f64 = (0..k).map(|c| xr[c] as f64 * w[c] as f64).sum();
+                // Half a quantum per activation, and f16 rounding of d and s.
+                let bound: f64 = xr
+                    .chunks_exact(QK)
+                    .zip(w.chunks_exact(QK))
+                    .map(|(xb, wb)| {
+                        let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+                        let wsum: f64 = wb.iter().map(|v| v.abs() as f64).sum();
+                        wsum * (amax / 127.0 * 0.5 + amax * 2e-3)
+                    })
+                    .sum();
+                let err = (y[r * n + j] as f64 - exact).abs();
+                assert!(err <= bound + 1e-5, "{r},{j}: {err} > {bound}");
             }
         }
     }
 
     #[test]
     fn simd_matches_portable_bit_for_bit() {
-        let (n, k) = (64, 128);
-        let lin = layer(n, k, 3);
+        let k = 128;
         let x = input(MR, k);
+        let acts = Activations::quantize(&x);
+        let rows = |mr: usize| RowTile {
+            codes: &acts.codes[..mr * k],
+            scales: &acts.scales[..mr * (k / QK)],
+        };
+        let (_, four) = gguf_layer(GgmlDType::Q4_1, 64, k, 3);
+        let (_, eight) = gguf_layer(GgmlDType::Q8_0, 64, k, 3);
         for mr in 1..=MR {
-            let tiles = &lin.tiles[0..k / QK];
             let mut a = [[0f32; NR]; MR];
             let mut b = [[0f32; NR]; MR];
-            panel_kernel(tiles, &x, k, mr, &mut a);
-            portable_panel(tiles, &x, k, mr, &mut b);
+            let Tiles::Four(t) = &four.tiles else {
+                panic!("Q4_1 packs 4-bit codes")
+            };
+            panel_kernel(&t[..k / QK], four.zero, rows(mr), mr, &mut a);
+            portable_panel(&t[..k / QK], four.zero, rows(mr), mr, &mut b);
+            assert_eq!(a[..mr], b[..mr]);
+            let Tiles::Eight(t) = &eight.tiles else {
+                panic!("Q8_0 packs 8-bit codes")
+            };
+            panel_kernel(&t[..k / QK], eight.zero, rows(mr), mr, &mut a);
+            portable_panel(&t[..k / QK], eight.zero, rows(mr), mr, &mut b);
             assert_eq!(a[..mr], b[..mr]);
         }
     }

@@ -2,6 +2,8 @@
 //! read a request's whole outcome.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod reference;
+
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

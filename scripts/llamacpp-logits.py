@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Writes the table of llama.cpp's next-token log-probabilities that engine/tests/llamacpp_logits.rs
+compares Swarmgate's against: for 20 chat prompts on SmolLM2-135M-Instruct.Q4_1.gguf, llama.cpp's
+prompt tokens, its greedy continuation (12 tokens) and its top-5 log-probabilities at each step,
+with its attention run both ways (flash attention on, its default here, and off): the spread
+between the two is llama.cpp's own numerical noise, the yardstick for the test's tolerance.
+
+Run by hand when the model or the prompts change, never by `make test` (it needs llama.cpp's
+`llama-server`, built by `../shared/peer/build-llama-server.sh` or any llama.cpp build):
+
+    python3 scripts/llamacpp-logits.py PATH/TO/llama-server > engine/tests/fixtures/llamacpp_logits.json
+
+It serves the model on 127.0.0.1 only, CPU, 2 threads, `--no-repack` (the repacked AMX path dies
+with an illegal instruction on some VMs), no prompt cache.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+PORT = 18091
+STEPS = 12
+
+PROMPTS = [
+    [("user", "Hi!")],
+    [("user", "What is the capital of France?")],
+    [("system", "You are a terse assistant. Answer in one line."), ("user", "Name three primary colours.")],
+    [("user", "Write a haiku about the sea.")],
+    [("user", "How many legs does a spider have?")],
+    [("user", "Translate 'good morning' into Spanish.")],
+    [("user", "What is 12 times 7?")],
+    [("user", "Give me a synonym for 'happy'.")],
+    [("user", "Write a Python function that returns the square of a number.")],
+    [("user", "Explain in one sentence what photosynthesis is.")],
+    [("system", "You reply only with JSON."), ("user", "Return an object with a field name set to Ada.")],
+    [("user", "List the days of the week.")],
+    [("user", "Who wrote Romeo and Juliet?")],
+    [("user", "What should I pack for a weekend hiking trip?")],
+    [("user", "Summarise: The meeting moved from Tuesday to Thursday because the room was booked.")],
+    [("user", "Is a tomato a fruit or a vegetable?")],
+    [("user", "Suggest a name for a grey cat.")],
+    [("user", "What does HTTP stand for?")],
+    [
+        ("user", "Write a haiku about the sea."),
+        ("assistant", "Waves fold into foam,\nsalt wind carries gull voices,\nthe tide keeps its time."),
+        ("user", "Now one about mountains."),
+    ],
+    [("user", "My order #4471 has not arrived after ten days. Draft a two-line polite complaint.")],
+]
+
+
+def post(path, body):
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{PORT}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.load(resp)
+
+
+def serve(server, flash_attn):
+    proc = subprocess.Popen(
+        [server, "-m", str(MODEL), "--host", "127.0.0.1", "--port", str(PORT), "-t", "2", "--no-repack",
+         "-c", "4096", "-np", "1", "--jinja", "-fa", flash_attn],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=1) as resp:
+                if resp.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    sys.exit("llama-server did not start")
+
+
+def steps(tokens, forced=None):
+    """Top-5 log-probabilities at each of STEPS greedy steps; along `forced` tokens if given."""
+    out = []
+    context = list(tokens)
+    for i in range(STEPS):
+        body = {"prompt": context, "n_predict": 1, "n_probs": 5, "temperature": 0, "cache_prompt": False}
+        prob = post("/completion", body)["completion_probabilities"][0]
+        top = [[t["id"], t["logprob"]] for t in prob["top_logprobs"]]
+        token = forced[i] if forced else prob["id"]
+        out.append({"token": token, "top": top})
+        context.append(token)
+    return out
+
+
+def main():
+    server = sys.argv[1]
+    table = []
+    proc = serve(server, "on")
+    try:
+        for turns in PROMPTS:
+            messages = [{"role": r, "content": c} for r, c in turns]
+            text = post("/apply-template", {"messages": messages})["prompt"]
+            tokens = post("/tokenize", {"content": text, "parse_special": True})["tokens"]
+            table.append({"messages": messages, "tokens": tokens, "steps": steps(tokens)})
+    finally:
+        proc.kill()
+        proc.wait()
+    proc = serve(server, "off")
+    try:
+        for entry in table:
+            forced = [s["token"] for s in entry["steps"]]
+            entry["steps_flash_attn_off"] = steps(entry["tokens"], forced)
+    finally:
+        proc.kill()
+        proc.wait()
+    version = subprocess.run([server, "--version"], capture_output=True, text=True)
+    json.dump(
+        {
+            "llama_cpp": (version.stdout + version.stderr).strip().splitlines()[-2:],
+            "model": MODEL.name,
+            "flags": "-t 2 --no-repack -c 4096 -np 1 --jinja; steps with -fa on, steps_flash_attn_off with -fa off",
+            "prompts": table,
+        },
+        sys.stdout,
+        indent=1,
+    )
+    print()
+
+
+if __name__ == "__main__":
+    main()

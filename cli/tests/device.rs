@@ -24,8 +24,8 @@ fn run(args: &[&str]) -> (Option<i32>, String) {
     (code, stderr)
 }
 
-/// The device path on the CPU (candle's quantized matmul, which quantizes activations to 8 bits,
-/// the cache as tensors, the decode kernel's CPU twin) agrees with the CPU kernels as
+/// The device path on the CPU (f32 weights and activations, the cache as tensors, the decode
+/// kernel's CPU twin) agrees with the CPU kernels (8-bit activations, as llama.cpp) as
 /// `device-check` requires, and the report says so with its figures.
 #[test]
 fn the_device_path_on_the_cpu_passes_the_device_check() {
@@ -50,15 +50,14 @@ fn the_device_path_on_the_cpu_passes_the_device_check() {
     };
     // The kernel and candle's operations differ by summation order only.
     assert!(figure("kernel_vs_ops_max_logit_diff") < 1e-3, "{report}");
-    for name in [
-        "max_logit_diff",
-        "decode_max_logit_diff",
-        "batch_max_logit_diff",
-    ] {
+    for name in ["max_logit_diff", "decode_max_logit_diff"] {
         assert!(figure(name) <= figure("tolerance"), "{name}: {report}");
     }
-    assert!(figure("top1_agreement") > 0.9, "{report}");
-    assert!(figure("greedy_equal") >= 3.0, "{report}");
+    // A batch against each prompt alone: the same products, so only summation order.
+    assert!(figure("batch_max_logit_diff") <= 0.01, "{report}");
+    for name in ["top1_agreement", "decode_top1_agreement"] {
+        assert!(figure(name) >= 0.9, "{name}: {report}");
+    }
 }
 
 #[test]

@@ -6,15 +6,20 @@
 //! (prompts in one batch against each alone, and one decode step of every prompt together
 //! against each alone). Prints one JSON object and fails when a criterion does not hold.
 //!
-//! How close the paths must be depends on the device's weights (`--gpu-weights`). With `f32`
-//! both compute the GGUF's values times f32 activations and differ in summation order only:
-//! logits (magnitudes 10-30) agree within 0.01. `f16` rounds weights and activations to 11
-//! significant bits (0.5); `quantized` has candle quantize the activations to 8 bits for small
-//! batches, as ggml does, which moves logits by a few units over 30 layers (4.0). A real fault (a
-//! wrong rotation, a KV slot written to the wrong block, a stale cache read) moves them by whole
-//! units and changes the continuations, which must agree on most prompts (three in four with
-//! `f32`; fewer with the others, which drift further), not all: where two tokens are within the
-//! numerical difference of each other, either path may take either.
+//! How close the paths must be depends on the device's weights (`--gpu-weights`). The CPU
+//! kernels compute as llama.cpp does, each product's activations quantized to 8 bits per block
+//! of 32; the `f32` and `f16` device paths keep them in floating point, and `quantized` (candle's
+//! kernels) quantizes them with other rounding. That moves logits (magnitudes 10-30) by up to ~2
+//! over 30 layers (measured on the CPU: 1.9 with `f32`, 2.4 with `quantized`), so the paths must
+//! agree within 3.0 (4.0 with `quantized`) and rank the same token first at nine positions in
+//! ten or more, prompt and decode steps alike (measured: 95-99%). A real fault (a wrong rotation,
+//! a KV slot written to the wrong block, a stale cache read) moves logits by whole units
+//! everywhere and breaks that agreement. Greedy continuations are reported, not required: where
+//! two tokens are within the numerical difference of each other either path may take either,
+//! and the continuations part from there. The device path against itself (a batch against each
+//! prompt alone, the decode kernel against candle operations) computes the same products and
+//! keeps the tight bounds: 0.01 with `f32`, 0.5 with `f16`, 4.0 with `quantized` (candle
+//! dequantizes for batches of several rows and quantizes for one).
 //!
 //! With `--device cpu` the device path runs on the CPU, which checks it (and this command) on a
 //! machine without a GPU.
@@ -49,14 +54,14 @@ pub struct DeviceCheckArgs {
     /// The weights' form on the device.
     #[arg(long, value_enum, default_value_t = DeviceWeights::F32)]
     gpu_weights: DeviceWeights,
-    /// Largest difference allowed between a logit of the two paths, and between a logit of the
-    /// device path in a batch and alone (default: by --gpu-weights, 0.01, 0.5 or 4.0).
+    /// Largest difference allowed between a logit of the two paths (default: by --gpu-weights,
+    /// 3.0, 3.0 or 4.0).
     #[arg(long)]
     tolerance: Option<f32>,
-    /// Share of the prompts whose greedy continuations must be identical on both paths
-    /// (default: by --gpu-weights, 0.75, 0.5 or 0.25).
-    #[arg(long)]
-    min_greedy_equal: Option<f64>,
+    /// Share of the prompt positions, and of the decode steps, where both paths must rank the
+    /// same token first.
+    #[arg(long, default_value_t = 0.9)]
+    min_top1: f64,
 }
 
 const BLOCK: usize = 16;
@@ -85,7 +90,11 @@ struct Report {
     batch_max_logit_diff: f32,
     batch_top1_agreement: f64,
     batch_decode_max_logit_diff: f32,
+    /// Bound on the differences between the two paths.
     tolerance: f32,
+    /// Bound on the device path against itself: batch against alone, kernel against operations.
+    device_tolerance: f32,
+    min_top1: f64,
     pass: bool,
 }
 
@@ -103,13 +112,12 @@ pub fn run(args: DeviceCheckArgs) -> Result<()> {
         device,
         weights: args.gpu_weights,
     };
-    let (tolerance, min_greedy_equal) = match args.gpu_weights {
-        DeviceWeights::F32 => (0.01, 0.75),
-        DeviceWeights::F16 => (0.5, 0.5),
-        DeviceWeights::Quantized => (4.0, 0.25),
+    let (tolerance, device_tolerance) = match args.gpu_weights {
+        DeviceWeights::F32 => (3.0, 0.01),
+        DeviceWeights::F16 => (3.0, 0.5),
+        DeviceWeights::Quantized => (4.0, 4.0),
     };
     let tolerance = args.tolerance.unwrap_or(tolerance);
-    let min_greedy_equal = args.min_greedy_equal.unwrap_or(min_greedy_equal);
     let mut dev = Path::load(&args.model, backend.clone(), &prompts)?;
     let mut ops = Path::load(&args.model, backend, &prompts)?;
     ops.model.set_decode_attention(DecodeAttention::Ops);
@@ -145,13 +153,11 @@ pub fn run(args: DeviceCheckArgs) -> Result<()> {
     );
 
     let n = prompts.len();
-    let worst = [
-        prefill.diff,
-        decode.diff,
-        kernel_ops,
-        batch.diff,
-        batch_decode.diff,
-    ];
+    let pass = prefill.diff.max(decode.diff) <= tolerance
+        && [kernel_ops, batch.diff, batch_decode.diff]
+            .iter()
+            .all(|d| *d <= device_tolerance)
+        && prefill.share().min(decode.share()) >= args.min_top1;
     let report = Report {
         device: args.device.to_string(),
         gpu_weights: args.gpu_weights,
@@ -169,7 +175,9 @@ pub fn run(args: DeviceCheckArgs) -> Result<()> {
         batch_top1_agreement: batch.share(),
         batch_decode_max_logit_diff: batch_decode.diff,
         tolerance,
-        pass: worst.iter().all(|d| *d <= tolerance) && equal as f64 >= min_greedy_equal * n as f64,
+        device_tolerance,
+        min_top1: args.min_top1,
+        pass,
     };
     println!("{}", serde_json::to_string_pretty(&report)?);
     if !report.pass {

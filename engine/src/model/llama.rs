@@ -58,8 +58,8 @@ impl Backend {
 )]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceWeights {
-    /// Dequantized to f32 once at load, multiplied by cuBLAS GEMMs: the products the CPU kernels
-    /// compute (the GGUF's values times f32 activations), at 4 bytes a weight.
+    /// Dequantized to f32 once at load, multiplied by cuBLAS GEMMs: the GGUF's values times f32
+    /// activations (the CPU kernels quantize the activations first), at 4 bytes a weight.
     #[default]
     F32,
     /// Dequantized to f16, the activations rounded to f16 for each product: half the memory and

@@ -312,7 +312,7 @@ impl EngineHandle {
             )?;
         }
         let llama = Llama::load(&mut gguf, &backend)?;
-        let layout = llama.config().kv_layout(config.block_size);
+        let layout = llama.kv_layout(config.block_size);
         let num_blocks = match config.device_kv_blocks {
             Some(blocks) => blocks,
             None => kv_budget(config, &device, activations)? / layout.bytes_per_block(),

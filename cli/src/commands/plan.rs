@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use engine::kv_cache::KvDtype;
 use engine::model::{DeviceWeights, Gguf, Llama, LlamaConfig};
 use engine::ModelInfo;
 use router::{
@@ -179,8 +180,9 @@ fn footprint(path: &Path, gpu: GpuSizing) -> Result<ModelFootprint> {
     let config = LlamaConfig::from_gguf(&gguf)?;
     let gpu_replica_bytes = Llama::device_weight_bytes(&gguf, gpu.gpu_weights)?
         + config.activation_bytes(gpu.max_step_tokens, gpu.max_running);
-    // A block of one token costs exactly one token's KV, whatever block size the engine runs.
-    let kv_bytes_per_token = config.kv_layout(1).bytes_per_block() as u64;
+    // A block of one token costs exactly one token's KV, whatever block size the engine runs;
+    // as a GPU holds it (f32), which bounds a CPU's (f16) from above.
+    let kv_bytes_per_token = config.kv_layout(1, KvDtype::F32).bytes_per_block() as u64;
     Ok(ModelFootprint {
         weight_bytes,
         gpu_replica_bytes: gpu_replica_bytes as u64,

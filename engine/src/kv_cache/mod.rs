@@ -23,4 +23,4 @@ pub use manager::{
     BlockTable, CopyOp, KvConfig, KvCounters, KvGauges, KvManager, PrefixHit, SwappedBlocks,
 };
 pub use prefix::{BlockHash, BlockKey};
-pub use storage::{HostStore, KvLayout, KvStorage, LayerKv, Slots};
+pub use storage::{HostStore, KvDtype, KvLayout, KvStorage, LayerKv, Slots};

@@ -1,24 +1,45 @@
 //! The memory behind the KV blocks: per layer, one key and one value array holding every device
 //! block; and the host tier's slots, each one whole block (every layer's keys and values).
 //!
-//! Layout per layer: `[block][kv_head][slot][head_dim]` f32, so the keys of one head in one
+//! Layout per layer: `[block][kv_head][slot][head_dim]`, so the keys of one head in one
 //! block (the unit attention streams through) are contiguous, and so is a whole block, which
 //! makes a copy between the tiers one contiguous copy per layer and side. Everything is allocated
 //! once, at start-up, from the memory budgets; nothing here allocates afterwards.
 //!
-//! The device tier is either arrays in RAM, which the CPU kernels read in place, or tensors on
-//! the model's device (a GPU's memory), `[blocks, kv_heads, block_size, head_dim]` per layer,
-//! which attention reads through candle operations and a step's new keys and values are
-//! scattered into. RAM pages are touched at start-up ([`resident`]), so the process holds its
+//! The device tier is either arrays of f16 in RAM, which the CPU kernels read in place (f16 as
+//! llama.cpp keeps its cache: half the memory, and half the bytes attention streams through),
+//! or f32 tensors on the model's device (a GPU's memory), `[blocks, kv_heads, block_size,
+//! head_dim]` per layer, which attention reads through candle operations and a step's new keys
+//! and values are scattered into. The host tier holds blocks in the device tier's type. RAM pages are touched at start-up ([`resident`]), so the process holds its
 //! budget from the start instead of growing into it as blocks are first used: its size then says
 //! something about the rest of its memory. The host tier, an overflow store in CPU RAM, is
 //! committed as it fills.
 
 use candle_core::{DType, Device, Tensor};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use super::transfer::{Copier, Download, Upload, MAX_IN_FLIGHT, MAX_TRANSFER_BYTES};
 use super::{BlockId, CopyOp, HostSlot};
 use crate::Result;
+
+/// The type of the cache's elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvDtype {
+    /// The CPU kernels' cache, arrays in RAM.
+    F16,
+    /// The device path's cache, tensors read by candle operations and the decode kernel.
+    F32,
+}
+
+impl KvDtype {
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::F16 => 2,
+            Self::F32 => 4,
+        }
+    }
+}
 
 /// Shape of the cache, as the model defines it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,17 +48,18 @@ pub struct KvLayout {
     pub block_size: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    pub dtype: KvDtype,
 }
 
 impl KvLayout {
-    /// f32 values of one block in one layer, for keys or for values.
+    /// Values of one block in one layer, for keys or for values.
     pub fn block_elems(&self) -> usize {
         self.block_size * self.n_kv_heads * self.head_dim
     }
 
     /// Bytes one block costs across all layers, keys and values.
     pub fn bytes_per_block(&self) -> usize {
-        2 * self.num_layers * self.block_elems() * std::mem::size_of::<f32>()
+        2 * self.num_layers * self.block_elems() * self.dtype.bytes()
     }
 
     /// How many blocks a budget of `bytes` holds.
@@ -60,8 +82,8 @@ pub struct KvStorage {
 
 enum Memory {
     Arrays {
-        keys: Vec<Vec<f32>>,
-        values: Vec<Vec<f32>>,
+        keys: Vec<Vec<f16>>,
+        values: Vec<Vec<f16>>,
     },
     Tensors(DeviceCache),
 }
@@ -99,8 +121,8 @@ struct Inbound {
 /// One layer of the cache, as attention reads it.
 pub enum LayerKv<'a> {
     Arrays {
-        keys: &'a [f32],
-        values: &'a [f32],
+        keys: &'a [f16],
+        values: &'a [f16],
     },
     Tensors {
         keys: &'a Tensor,
@@ -118,8 +140,9 @@ pub enum Slots {
 }
 
 impl KvStorage {
-    /// The device tier as arrays in RAM, for the CPU kernels.
+    /// The device tier as arrays in RAM, for the CPU kernels (`layout.dtype` must be f16).
     pub fn new(layout: KvLayout, num_blocks: usize) -> Self {
+        debug_assert_eq!(layout.dtype, KvDtype::F16);
         let elems = num_blocks * layout.block_elems();
         let alloc = || (0..layout.num_layers).map(|_| resident(elems)).collect();
         Self {
@@ -132,8 +155,9 @@ impl KvStorage {
         }
     }
 
-    /// The device tier as tensors in `device`'s memory (zeros).
+    /// The device tier as tensors in `device`'s memory (zeros; `layout.dtype` must be f32).
     pub fn on_device(layout: KvLayout, num_blocks: usize, device: &Device) -> Result<Self> {
+        debug_assert_eq!(layout.dtype, KvDtype::F32);
         let shape = (
             num_blocks,
             layout.n_kv_heads,
@@ -244,6 +268,11 @@ impl KvStorage {
     /// they may still be under way when this returns (see `DeviceCache`): the step's writes and the
     /// next copies see them done, and [`KvStorage::settle`] completes them.
     pub fn run_copies(&mut self, copies: &[CopyOp], host: &mut HostStore) -> Result<()> {
+        if host.layout != self.layout {
+            return Err(crate::EngineError::Model(
+                "the host tier was laid out for another cache".into(),
+            ));
+        }
         let be = self.layout.block_elems();
         let layers = self.layout.num_layers;
         match &mut self.memory {
@@ -446,10 +475,10 @@ impl DeviceCache {
     }
 }
 
-/// Stores one token's keys and values into a layer held as arrays.
+/// Stores one token's keys and values into a layer held as arrays, rounded to f16.
 fn store_token(
     l: &KvLayout,
-    (keys, values): (&mut [f32], &mut [f32]),
+    (keys, values): (&mut [f16], &mut [f16]),
     (block, slot): (BlockId, usize),
     k: &[f32],
     v: &[f32],
@@ -457,36 +486,81 @@ fn store_token(
     let hd = l.head_dim;
     for head in 0..l.n_kv_heads {
         let at = l.offset(block, head, slot);
-        keys[at..at + hd].copy_from_slice(&k[head * hd..(head + 1) * hd]);
-        values[at..at + hd].copy_from_slice(&v[head * hd..(head + 1) * hd]);
+        keys[at..at + hd].convert_from_f32_slice(&k[head * hd..(head + 1) * hd]);
+        values[at..at + hd].convert_from_f32_slice(&v[head * hd..(head + 1) * hd]);
     }
 }
 
 /// `len` zeros, every page of them written once, so that the system commits them now.
-fn resident(len: usize) -> Vec<f32> {
+fn resident(len: usize) -> Vec<f16> {
     // Freshly allocated zeros are mapped lazily; a plain store of zero into them may be optimised
     // away as redundant, a volatile one may not.
-    const PAGE: usize = 4096 / std::mem::size_of::<f32>();
-    let mut values = vec![0f32; len];
+    const PAGE: usize = 4096 / std::mem::size_of::<f16>();
+    let mut values = vec![f16::ZERO; len];
     for i in (0..len).step_by(PAGE) {
-        // SAFETY: `i < len`, so the pointer is in bounds and aligned for an f32.
-        unsafe { std::ptr::write_volatile(values.as_mut_ptr().add(i), 0.0) };
+        // SAFETY: `i < len`, so the pointer is in bounds and aligned for an f16.
+        unsafe { std::ptr::write_volatile(values.as_mut_ptr().add(i), f16::ZERO) };
     }
     values
 }
 
-/// The host tier's memory: `slots` whole blocks.
+/// The host tier's memory: `slots` whole blocks, in the device tier's type.
 pub struct HostStore {
     layout: KvLayout,
-    data: Vec<f32>,
+    data: HostData,
+}
+
+enum HostData {
+    F16(Vec<f16>),
+    F32(Vec<f32>),
+}
+
+/// An element type the host tier holds.
+trait HostElem: Sized {
+    fn of(data: &HostData) -> &[Self];
+    fn of_mut(data: &mut HostData) -> &mut [Self];
+}
+
+// `run_copies` checks that the host store has the cache's layout, and so its type, before any
+// copy: a store of the other type is never read or written.
+impl HostElem for f16 {
+    fn of(data: &HostData) -> &[Self] {
+        match data {
+            HostData::F16(d) => d,
+            HostData::F32(_) => unreachable!("an f32 host store read as f16"),
+        }
+    }
+    fn of_mut(data: &mut HostData) -> &mut [Self] {
+        match data {
+            HostData::F16(d) => d,
+            HostData::F32(_) => unreachable!("an f32 host store written as f16"),
+        }
+    }
+}
+
+impl HostElem for f32 {
+    fn of(data: &HostData) -> &[Self] {
+        match data {
+            HostData::F32(d) => d,
+            HostData::F16(_) => unreachable!("an f16 host store read as f32"),
+        }
+    }
+    fn of_mut(data: &mut HostData) -> &mut [Self] {
+        match data {
+            HostData::F32(d) => d,
+            HostData::F16(_) => unreachable!("an f16 host store written as f32"),
+        }
+    }
 }
 
 impl HostStore {
     pub fn new(layout: KvLayout, slots: usize) -> Self {
-        Self {
-            layout,
-            data: vec![0f32; slots * 2 * layout.num_layers * layout.block_elems()],
-        }
+        let len = slots * 2 * layout.num_layers * layout.block_elems();
+        let data = match layout.dtype {
+            KvDtype::F16 => HostData::F16(vec![f16::ZERO; len]),
+            KvDtype::F32 => HostData::F32(vec![0f32; len]),
+        };
+        Self { layout, data }
     }
 
     fn range(&self, slot: HostSlot, layer: usize, side: usize) -> std::ops::Range<usize> {
@@ -495,13 +569,13 @@ impl HostStore {
         at..at + be
     }
 
-    fn part(&self, slot: HostSlot, layer: usize, side: usize) -> &[f32] {
-        &self.data[self.range(slot, layer, side)]
+    fn part<T: HostElem>(&self, slot: HostSlot, layer: usize, side: usize) -> &[T] {
+        &T::of(&self.data)[self.range(slot, layer, side)]
     }
 
-    fn part_mut(&mut self, slot: HostSlot, layer: usize, side: usize) -> &mut [f32] {
+    fn part_mut<T: HostElem>(&mut self, slot: HostSlot, layer: usize, side: usize) -> &mut [T] {
         let r = self.range(slot, layer, side);
-        &mut self.data[r]
+        &mut T::of_mut(&mut self.data)[r]
     }
 }
 
@@ -512,7 +586,10 @@ mod tests {
     /// A layer's keys and values, flattened, whichever the storage.
     fn read(kv: &KvStorage, layer: usize) -> (Vec<f32>, Vec<f32>) {
         match kv.layer(layer) {
-            LayerKv::Arrays { keys, values } => (keys.to_vec(), values.to_vec()),
+            LayerKv::Arrays { keys, values } => {
+                let wide = |x: &[f16]| x.iter().map(|v| v.to_f32()).collect();
+                (wide(keys), wide(values))
+            }
             LayerKv::Tensors { keys, values } => {
                 let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
                 (flat(keys), flat(values))
@@ -530,6 +607,11 @@ mod tests {
             block_size: 1,
             n_kv_heads: 1,
             head_dim: 5 << 19,
+            dtype: KvDtype::F32,
+        };
+        let arrays = KvLayout {
+            dtype: KvDtype::F16,
+            ..layout
         };
         assert_eq!(MAX_TRANSFER_BYTES / layout.bytes_per_block(), 1);
         let value = |block: u32, side: f32| side * (block as f32 + 1.0);
@@ -542,10 +624,10 @@ mod tests {
             block: BlockId(3 - b),
         };
         for mut kv in [
-            KvStorage::new(layout, 4),
+            KvStorage::new(arrays, 4),
             KvStorage::on_device(layout, 4, &Device::Cpu).unwrap(),
         ] {
-            let mut host = HostStore::new(layout, 4);
+            let mut host = HostStore::new(*kv.layout(), 4);
             for b in 0..4 {
                 let k = vec![value(b, 1.0); layout.head_dim];
                 let v = vec![value(b, -1.0); layout.head_dim];
@@ -569,7 +651,7 @@ mod tests {
 
     /// Tokens written land at their block's offsets, and blocks sent to the host and back into
     /// other blocks (two at a time each way) arrive whole, for arrays and for tensors alike (the
-    /// same layout); copies keep their order whatever is still in flight: a block swapped in and
+    /// same shape); copies keep their order whatever is still in flight: a block swapped in and
     /// out again within one step's copies, a host slot reused at once, a token written into a
     /// block on its way in.
     #[test]
@@ -579,6 +661,7 @@ mod tests {
             block_size: 2,
             n_kv_heads: 2,
             head_dim: 4,
+            dtype: KvDtype::F16,
         };
         let width = layout.n_kv_heads * layout.head_dim;
         type Token = (Vec<f32>, Vec<f32>);
@@ -617,11 +700,15 @@ mod tests {
             })
         };
         let (a, b, c) = (token(1.0), token(100.0), token(1000.0));
+        let tensors = KvLayout {
+            dtype: KvDtype::F32,
+            ..layout
+        };
         for mut kv in [
             KvStorage::new(layout, 5),
-            KvStorage::on_device(layout, 5, &Device::Cpu).unwrap(),
+            KvStorage::on_device(tensors, 5, &Device::Cpu).unwrap(),
         ] {
-            let mut host = HostStore::new(layout, 2);
+            let mut host = HostStore::new(*kv.layout(), 2);
             for layer in 0..2 {
                 kv.write_token(layer, BlockId(1), 1, &a.0, &a.1).unwrap();
                 kv.write_token(layer, BlockId(0), 0, &b.0, &b.1).unwrap();

@@ -8,7 +8,9 @@
 //! keeps decoding batch-invariant.
 //!
 //! Grouped-query attention: the query heads sharing a KV head are processed together, so each
-//! key vector is read from memory once per group. Work is split across threads by token.
+//! key vector is read from memory once per group. Work is split across threads by token. The
+//! cache holds f16 (as llama.cpp's does); each key and value is widened to f32 as it is read,
+//! exactly, and everything after is f32.
 //!
 //! On x86-64 with AVX-512 and a head size that is a multiple of 16, the same loop runs on 16-lane
 //! registers, bit for bit the portable one (the same fused multiply-adds per lane, the same
@@ -24,6 +26,7 @@
 //! reference, against the loop above.
 
 use candle_core::Tensor;
+use half::f16;
 use rayon::prelude::*;
 
 use super::paged_kernel::PagedDecode;
@@ -45,7 +48,7 @@ pub struct SeqSlice {
 /// keys and values already in place.
 pub fn paged_attention(
     q: &[f32],
-    (keys, values, layout): (&[f32], &[f32], &KvLayout),
+    (keys, values, layout): (&[f16], &[f16], &KvLayout),
     seqs: &[SeqSlice],
     n_heads: usize,
     out: &mut [f32],
@@ -89,8 +92,8 @@ pub fn paged_attention(
 /// One KV head of one sequence: its positions' vectors start at `at[j] + shift` in `keys` and
 /// `values`.
 struct KvHead<'a> {
-    keys: &'a [f32],
-    values: &'a [f32],
+    keys: &'a [f16],
+    values: &'a [f16],
     at: &'a [usize],
     shift: usize,
     hd: usize,
@@ -190,7 +193,14 @@ fn sum(s: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{softmax_rows, KvHead, LANES};
+    use half::f16;
     use std::arch::x86_64::*;
+
+    /// Sixteen f16 values at `p`, widened to f32.
+    #[inline(always)]
+    unsafe fn load(p: *const f16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+    }
 
     /// [`super::portable_attend`] for a head size that is a multiple of 16: a score is one
     /// register of 16 partial sums reduced by the same tree as [`super::dot`]; each query head's
@@ -248,7 +258,7 @@ mod avx512 {
 
     /// Brings the `bytes` at `p` into the cache.
     #[inline(always)]
-    unsafe fn prefetch(p: *const f32, bytes: usize) {
+    unsafe fn prefetch(p: *const f16, bytes: usize) {
         for line in (0..bytes).step_by(64) {
             _mm_prefetch::<_MM_HINT_T0>((p as *const i8).add(line));
         }
@@ -263,17 +273,14 @@ mod avx512 {
         let (keys, q) = (head.keys.as_ptr(), qg.as_ptr());
         for (j, &at) in head.at.iter().enumerate() {
             if let Some(&next) = head.at.get(j + AHEAD) {
-                prefetch(keys.add(next + head.shift), hd * 4);
+                prefetch(keys.add(next + head.shift), hd * 2);
             }
             let k = keys.add(at + head.shift);
             for h in 0..group {
                 let qh = q.add(h * hd);
                 let mut acc = _mm512_setzero_ps();
                 for c in 0..chunks {
-                    let (a, b) = (
-                        _mm512_loadu_ps(qh.add(c * LANES)),
-                        _mm512_loadu_ps(k.add(c * LANES)),
-                    );
+                    let (a, b) = (_mm512_loadu_ps(qh.add(c * LANES)), load(k.add(c * LANES)));
                     acc = _mm512_fmadd_ps(a, b, acc);
                 }
                 *scores.get_unchecked_mut(h * ctx + j) = reduce(acc) * scale;
@@ -283,15 +290,15 @@ mod avx512 {
 
     /// `o[0..16 * N] = sum_j p[j] * v_j[0..16 * N]`, in position order, `v_j` at `v + at[j]`.
     #[target_feature(enable = "avx512f")]
-    unsafe fn accumulate<const N: usize>(p: &[f32], head: &KvHead, v: *const f32, o: *mut f32) {
+    unsafe fn accumulate<const N: usize>(p: &[f32], head: &KvHead, v: *const f16, o: *mut f32) {
         let mut acc = [_mm512_setzero_ps(); N];
         for (j, (&pj, &at)) in p.iter().zip(head.at).enumerate() {
             if let Some(&next) = head.at.get(j + AHEAD) {
-                prefetch(v.add(next), N * LANES * 4);
+                prefetch(v.add(next), N * LANES * 2);
             }
             let pj = _mm512_set1_ps(pj);
             for (i, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v.add(at + i * LANES)), *acc);
+                *acc = _mm512_fmadd_ps(pj, load(v.add(at + i * LANES)), *acc);
             }
         }
         for (i, acc) in acc.iter().enumerate() {
@@ -497,7 +504,7 @@ const LANES: usize = 16;
 
 /// Dot product with a fixed summation order (16 partial sums, then a fixed tree).
 #[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+fn dot(a: &[f32], b: &[f16]) -> f32 {
     let mut acc = [0f32; LANES];
     let chunks = a.len() / LANES;
     for c in 0..chunks {
@@ -506,12 +513,12 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
             &b[c * LANES..(c + 1) * LANES],
         );
         for l in 0..LANES {
-            acc[l] = a[l].mul_add(b[l], acc[l]);
+            acc[l] = a[l].mul_add(b[l].to_f32(), acc[l]);
         }
     }
     let mut tail = 0f32;
     for i in chunks * LANES..a.len() {
-        tail = a[i].mul_add(b[i], tail);
+        tail = a[i].mul_add(b[i].to_f32(), tail);
     }
     fold_lanes(acc) + tail
 }
@@ -531,9 +538,9 @@ fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
 
 /// `y += a * x`.
 #[inline]
-fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+fn axpy(a: f32, x: &[f16], y: &mut [f32]) {
     for (y, &x) in y.iter_mut().zip(x) {
-        *y = a.mul_add(x, *y);
+        *y = a.mul_add(x.to_f32(), *y);
     }
 }
 
@@ -542,9 +549,9 @@ mod tests {
     use candle_core::Device;
 
     use super::*;
-    use crate::kv_cache::{KvStorage, LayerKv};
+    use crate::kv_cache::{KvDtype, KvStorage, LayerKv};
 
-    fn arrays(kv: &KvStorage) -> (&[f32], &[f32], &KvLayout) {
+    fn arrays(kv: &KvStorage) -> (&[f16], &[f16], &KvLayout) {
         let LayerKv::Arrays { keys, values } = kv.layer(0) else {
             unreachable!("KvStorage::new holds arrays")
         };
@@ -572,6 +579,7 @@ mod tests {
             block_size: 4,
             n_kv_heads: 2,
             head_dim: 16,
+            dtype: KvDtype::F16,
         };
         let (n_heads, hd, len) = (4, 16, 11);
         let mut kv = KvStorage::new(layout, 8);
@@ -585,8 +593,12 @@ mod tests {
             let v: Vec<f32> = (0..2 * hd).map(|i| val(t + 3, i + 1)).collect();
             kv.write_token(0, blocks[t / 4], t % 4, &k, &v).unwrap();
             for g in 0..2 {
-                keys[g].push(k[g * hd..(g + 1) * hd].to_vec());
-                vals[g].push(v[g * hd..(g + 1) * hd].to_vec());
+                // What the cache holds: f16.
+                let held = |x: &[f32]| -> Vec<f32> {
+                    x.iter().map(|v| f16::from_f32(*v).to_f32()).collect()
+                };
+                keys[g].push(held(&k[g * hd..(g + 1) * hd]));
+                vals[g].push(held(&v[g * hd..(g + 1) * hd]));
             }
         }
         let q: Vec<f32> = (0..len * n_heads * hd).map(|i| val(i, 2)).collect();
@@ -640,8 +652,8 @@ mod tests {
             (48, 3, 20),
         ] {
             let len = ctx * hd * 3 + 5;
-            let keys: Vec<f32> = (0..len).map(|i| val(i, 1)).collect();
-            let values: Vec<f32> = (0..len).map(|i| val(i, 2)).collect();
+            let keys: Vec<f16> = (0..len).map(|i| f16::from_f32(val(i, 1))).collect();
+            let values: Vec<f16> = (0..len).map(|i| f16::from_f32(val(i, 2))).collect();
             // Scattered positions, as blocks put them.
             let at: Vec<usize> = (0..ctx).map(|j| ((j * 5) % ctx) * hd * 2).collect();
             let head = KvHead {
@@ -677,6 +689,7 @@ mod tests {
             block_size: 4,
             n_kv_heads: 2,
             head_dim: 16,
+            dtype: KvDtype::F16,
         };
         let (n_heads, num_blocks) = (6, 16);
         let mut kv = KvStorage::new(layout, num_blocks);
@@ -729,9 +742,13 @@ mod tests {
             layout.block_size,
             layout.head_dim,
         );
+        // The device path's cache is f32: the same values, widened.
         let (keys, values, _) = arrays(&kv);
-        let keys = Tensor::from_slice(keys, shape, &Device::Cpu).unwrap();
-        let values = Tensor::from_slice(values, shape, &Device::Cpu).unwrap();
+        let wide = |x: &[f16]| {
+            let x: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+            Tensor::from_vec(x, shape, &Device::Cpu).unwrap()
+        };
+        let (keys, values) = (wide(keys), wide(values));
         let q = Tensor::from_vec(q, (tokens, row), &Device::Cpu).unwrap();
         // The paged decode kernel's CPU reference for the two decode steps, and candle
         // operations for them, against the loop.

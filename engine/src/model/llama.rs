@@ -17,7 +17,7 @@ use super::gguf::Gguf;
 use super::linear::Linear;
 use super::paged_kernel::kernel_fits;
 use super::ForwardBatch;
-use crate::kv_cache::{KvLayout, KvStorage, LayerKv, Slots};
+use crate::kv_cache::{KvDtype, KvLayout, KvStorage, LayerKv, Slots};
 use crate::{EngineError, Result};
 
 /// Which kernels run the model, and where its weights and KV cache live.
@@ -221,12 +221,13 @@ impl LlamaConfig {
         })
     }
 
-    pub fn kv_layout(&self, block_size: usize) -> KvLayout {
+    pub fn kv_layout(&self, block_size: usize, dtype: KvDtype) -> KvLayout {
         KvLayout {
             num_layers: self.num_layers,
             block_size,
             n_kv_heads: self.n_kv_heads,
             head_dim: self.head_dim,
+            dtype,
         }
     }
 }
@@ -364,10 +365,20 @@ impl Llama {
         Ok(rope + tensors.sum::<usize>())
     }
 
+    /// The shape and type of the cache this model's forward reads: f16 arrays for the CPU
+    /// kernels, f32 tensors on the device otherwise.
+    pub fn kv_layout(&self, block_size: usize) -> KvLayout {
+        let dtype = match self.embed {
+            Proj::Kernels(_) => KvDtype::F16,
+            Proj::Quantized(_) => KvDtype::F32,
+        };
+        self.config.kv_layout(block_size, dtype)
+    }
+
     /// A KV cache of `num_blocks` blocks of `block_size` tokens, where this model's forward reads
     /// it: arrays in RAM for the CPU kernels, tensors on the device otherwise.
     pub fn kv_storage(&self, block_size: usize, num_blocks: usize) -> Result<KvStorage> {
-        let layout = self.config.kv_layout(block_size);
+        let layout = self.kv_layout(block_size);
         Ok(match self.embed {
             Proj::Kernels(_) => KvStorage::new(layout, num_blocks),
             Proj::Quantized(_) => KvStorage::on_device(layout, num_blocks, &self.device)?,

@@ -135,10 +135,10 @@ fn portable_attend(qg: &[f32], og: &mut [f32], head: &KvHead, scale: f32, scores
 }
 
 /// Each row of `ctx` scores in `scores` turned into probabilities. Written to vectorize: the
-/// exponentials by [`exp_le0`], the sum by [`sum`].
+/// maximum by [`max`], the exponentials by [`exp_le0`], the sum by [`sum`].
 fn softmax_rows(scores: &mut [f32], ctx: usize) {
     for s in scores.chunks_exact_mut(ctx) {
-        let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let max = max(s);
         for x in s.iter_mut() {
             *x = exp_le0(*x - max);
         }
@@ -152,12 +152,13 @@ fn softmax_rows(scores: &mut [f32], ctx: usize) {
 /// `e^x` for `x <= 0`, within 2 ulp of `f32::exp`, branch-free so that a loop of it
 /// vectorizes: `x = n ln 2 + r`, `e^r` by its Taylor polynomial on `|r| <= ln 2 / 2`, scaled by
 /// `2^n` built in the exponent bits. Below -87 (where `e^x` is under `f32`'s normal range) the
-/// result is `e^-87`, which no softmax can tell from 0.
+/// result is `e^-87`, which no softmax can tell from 0; a NaN counts as below, anything above 0
+/// as 0.
 #[inline(always)]
 fn exp_le0(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
-    let x = x.max(-87.0);
+    let x = x.max(-87.0).min(0.0);
     let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
     let mut p: f32 = 1.0 / 5040.0;
@@ -172,7 +173,28 @@ fn exp_le0(x: f32) -> f32 {
     ] {
         p = p.mul_add(r, c);
     }
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // SAFETY: `x` is in [-87, 0], so `n` is a whole number in [-126, 0]: a plain conversion
+    // (`as` would add a saturation check per lane, which stops the loop vectorizing).
+    let n = unsafe { n.to_int_unchecked::<i32>() };
+    p * f32::from_bits(((n + 127) as u32) << 23)
+}
+
+/// The largest of `s` (`-inf` if empty), in 16 lanes so that it vectorizes; the maximum is
+/// exact, so the order does not matter.
+fn max(s: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let mut chunks = s.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (a, x) in acc.iter_mut().zip(chunk) {
+            *a = a.max(*x);
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .chain(&acc)
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// The sum of `s` in a fixed order: 16 partial sums, [`fold_lanes`], then the rest in order.

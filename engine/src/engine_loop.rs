@@ -480,7 +480,14 @@ impl EngineLoop {
         let run_arrival = request.run.as_ref().map_or(arrival, |run| {
             let first = match run.warm_up {
                 true => self.runs.first_arrival(&run.id).unwrap_or(arrival),
-                false => self.runs.arrive(&run.id, arrival, Instant::now()),
+                false => {
+                    let now = Instant::now();
+                    if let Some(retention) = &request.retention {
+                        let bound = now + Duration::from_secs_f64(retention.max_secs);
+                        self.runs.keep_for_next_turn(&run.id, bound);
+                    }
+                    self.runs.arrive(&run.id, arrival, now)
+                }
             };
             if self.run_scheduling {
                 first

@@ -171,6 +171,20 @@ impl Runs {
         }
     }
 
+    /// The next turn of `run` is waiting to be admitted: the hold its last turn left lasts until
+    /// then, or at most until `bound`. (Its time was chosen for the tool's pause; a turn that
+    /// queues for room would otherwise find its blocks let go while it waits.)
+    pub fn keep_for_next_turn(&mut self, run: &str, bound: Instant) {
+        let Some(hold) = self.runs.get_mut(run).and_then(|r| r.hold.as_mut()) else {
+            return;
+        };
+        if hold.until < bound {
+            self.expiries.remove(&(hold.until, run.to_owned()));
+            hold.until = bound;
+            self.expiries.insert((bound, run.to_owned()));
+        }
+    }
+
     /// When `run` first arrived, if it is known.
     pub fn first_arrival(&self, run: &str) -> Option<u64> {
         self.runs.get(run).map(|r| r.first_arrival)
@@ -361,13 +375,20 @@ mod tests {
             "one pause is not enough to fit"
         );
         assert_eq!(runs.pauses["coder"], [2.0]);
+        // It waits for room past the hold's time: the hold lasts until it is admitted, within
+        // the bound.
+        runs.keep_for_next_turn("a", t0 + Duration::from_secs(30));
+        assert!(runs.expire(until).is_empty());
+        assert_eq!(runs.next_expiry(), Some(t0 + Duration::from_secs(30)));
         assert_eq!(runs.admitted("a"), Some(keys.clone()));
         assert!(runs.admitted("a").is_none(), "let go once");
-        // A hold nobody comes back for expires.
+        // A hold nobody comes back for expires; one whose next turn is admitted first does not.
         runs.ended("b", None, Some((keys.clone(), until)), t0);
         assert!(runs.expire(t0 + Duration::from_secs(4)).is_empty());
-        assert_eq!(runs.expire(until), vec![keys]);
+        assert_eq!(runs.expire(until), vec![keys.clone()]);
         assert_eq!(runs.next_expiry(), None);
+        runs.keep_for_next_turn("b", t0 + Duration::from_secs(30));
+        assert_eq!(runs.next_expiry(), None, "nothing held, nothing kept");
     }
 
     #[test]

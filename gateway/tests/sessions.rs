@@ -192,11 +192,10 @@ fn assert_continues(previous: &Turn, turn: &Turn) {
 
 /// The conversation: [`FACT`], [`ASIDE`] (streamed), [`QUESTION`], each turn sent alone to its
 /// server as its caller. Asserts each turn continues the one before and the last recalls the
-/// first; returns the turns.
+/// first, which the same question without the conversation does not; returns the turns.
 async fn converse(turns: [(SocketAddr, Caller<'_>); 3]) -> [Turn; 3] {
     let [(a, as_a), (b, as_b), (c, as_c)] = turns;
     let first = say(a, as_a, FACT, false).await;
-    assert!(!first.text.contains(RECALLED), "{first:?}");
     let second = say(b, as_b, ASIDE, true).await;
     assert_continues(&first, &second);
     let hits = prefix_hits(c).await;
@@ -205,6 +204,15 @@ async fn converse(turns: [(SocketAddr, Caller<'_>); 3]) -> [Turn; 3] {
     assert!(
         third.text.contains(RECALLED),
         "turn 3 recalls turn 1: {third:?}"
+    );
+    let stranger = Caller {
+        key: as_c.key,
+        ..Caller::default()
+    };
+    let alone = say(c, stranger, QUESTION, false).await;
+    assert!(
+        !alone.text.contains(RECALLED),
+        "no history, no name: {alone:?}"
     );
     assert!(
         prefix_hits(c).await - hits >= third.cached() as f64,
@@ -227,10 +235,9 @@ async fn a_conversation_sent_one_turn_at_a_time_keeps_its_history_and_its_kv() {
         assert_eq!(turn.echoed.as_deref(), Some(id.as_str()));
     }
 
-    // The same question out of the session: no history, no name.
+    // The same question out of the session: no history (no name, as `converse` checks).
     let alone = say(addr, Caller::default(), QUESTION, false).await;
     assert_eq!(alone.echoed, None);
-    assert!(!alone.text.contains(RECALLED), "{alone:?}");
     assert!(alone.tokens("prompt_tokens") < turns[0].tokens("prompt_tokens") + 5);
 }
 

@@ -184,16 +184,8 @@ fn exp_le0(x: f32) -> f32 {
 /// The largest of `s` (`-inf` if empty), in 16 lanes so that it vectorizes; the maximum is
 /// exact, so the order does not matter.
 fn max(s: &[f32]) -> f32 {
-    let mut acc = [f32::NEG_INFINITY; LANES];
-    let mut chunks = s.chunks_exact(LANES);
-    for chunk in &mut chunks {
-        for (a, x) in acc.iter_mut().zip(chunk) {
-            *a = a.max(*x);
-        }
-    }
-    chunks
-        .remainder()
-        .iter()
+    let (acc, rest) = lanes(s, f32::NEG_INFINITY, f32::max);
+    rest.iter()
         .chain(&acc)
         .copied()
         .fold(f32::NEG_INFINITY, f32::max)
@@ -201,17 +193,22 @@ fn max(s: &[f32]) -> f32 {
 
 /// The sum of `s` in a fixed order: 16 partial sums, [`fold_lanes`], then the rest in order.
 fn sum(s: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
+    let (acc, rest) = lanes(s, 0.0, |a, x| a + x);
+    rest.iter().fold(fold_lanes(acc), |t, x| t + x)
+}
+
+/// `s` folded by `op` into 16 lanes (lane `l` takes elements `l`, `l + 16`, ... in order), and
+/// what is left past the last whole 16.
+#[inline(always)]
+fn lanes(s: &[f32], init: f32, op: impl Fn(f32, f32) -> f32) -> ([f32; LANES], &[f32]) {
+    let mut acc = [init; LANES];
     let mut chunks = s.chunks_exact(LANES);
     for chunk in &mut chunks {
         for (a, x) in acc.iter_mut().zip(chunk) {
-            *a += x;
+            *a = op(*a, *x);
         }
     }
-    chunks
-        .remainder()
-        .iter()
-        .fold(fold_lanes(acc), |t, x| t + x)
+    (acc, chunks.remainder())
 }
 
 #[cfg(target_arch = "x86_64")]

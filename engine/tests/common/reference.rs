@@ -9,6 +9,7 @@ use candle_transformers::models::quantized_llama::ModelWeights;
 use engine::kv_cache::{BlockId, KvStorage};
 use engine::model::tokenizer::tokenizer_from_gguf;
 use engine::model::{Backend, ForwardBatch, Gguf, Llama, Logits};
+use engine::sampler::argmax;
 use engine::{ChatMessage, ChatTemplate};
 
 const BLOCK: usize = 16;
@@ -84,16 +85,6 @@ impl Chat {
             .get_ids()
             .to_vec()
     }
-}
-
-pub fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 pub struct Ours {

@@ -204,7 +204,7 @@ async fn a_json_policy_retries_a_rejected_answer_from_the_cached_prefix() {
         json!({
             "model": "swarm",
             "messages": [{"role": "user", "content":
-                "I was charged twice for my order last week. How do I get a refund for the duplicate payment?"}],
+                "I was billed twice for the same order. Can you help me get my money back?"}],
             "max_tokens": 160,
             "temperature": 0
         }),

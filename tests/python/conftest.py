@@ -187,9 +187,9 @@ def limited_server():
 
 @pytest.fixture(scope="session")
 def small_server():
-    """A server whose KV cache holds about 80 tokens, so that any request, however long it
-    asks to generate, ends within seconds: for fuzzing."""
-    server = Server("small", [], kv_cache_mb=4)
+    """A server whose KV cache holds about 80 tokens (2 MiB of f16 blocks), so that any
+    request, however long it asks to generate, ends within seconds: for fuzzing."""
+    server = Server("small", [], kv_cache_mb=2)
     try:
         yield server
     finally:

@@ -49,6 +49,14 @@ pub struct EngineConfig {
     /// every request by its own arrival.
     #[arg(long, env = "SWARMGATE_RUN_SCHEDULING", default_value_t = true, action = clap::ArgAction::Set)]
     pub run_scheduling: bool,
+    /// With run scheduling, most agent runs in progress at once: runs with a turn in the
+    /// engine, and runs whose last turn waits for a tool (for at most --tool-kv-ttl-max-secs).
+    /// A run's later turns are never held back by it; a new run (or a run-less request) waits
+    /// to start until one of them finishes. Set it near the batch beyond which the device's throughput
+    /// stops growing on long agent contexts: the runs that started first then finish first
+    /// instead of every run sharing the engine until the end. 0: no limit.
+    #[arg(long, env = "SWARMGATE_MAX_ACTIVE_RUNS", default_value_t = 0)]
+    pub max_active_runs: usize,
     /// Tokens per KV block.
     #[arg(long, env = "SWARMGATE_BLOCK_SIZE", default_value_t = 16)]
     pub block_size: usize,
@@ -85,6 +93,7 @@ impl Default for EngineConfig {
             host_kv_cache_mb: 2048,
             prefix_cache: true,
             run_scheduling: true,
+            max_active_runs: 0,
             block_size: 16,
             max_step_tokens: 256,
             max_running: 64,

@@ -52,6 +52,9 @@ use crate::stop::TextStream;
 /// The most events one step sends a request: its prompt's log-probabilities, a token, the
 /// text held back, and the end. A request whose buffer has less room is not being read.
 const EVENTS_PER_STEP: usize = 4;
+/// How often a stalled loop (work waiting, none of it admissible, nothing running) looks again
+/// at its requests (cancelled, expired) and at the runs waiting for tools.
+const STALLED_POLL: Duration = Duration::from_millis(10);
 
 /// A request on its way to the engine loop.
 pub(crate) struct Submission {
@@ -245,6 +248,9 @@ pub(crate) struct EngineLoop {
     next_arrival: u64,
     runs: Runs,
     run_scheduling: bool,
+    /// The last schedule ran nothing and nothing is running: the waiting work waits for a run
+    /// to finish its tool call (or for held blocks to be let go).
+    stalled: bool,
     stats: Arc<EngineStats>,
 }
 
@@ -273,6 +279,7 @@ impl EngineLoop {
             next_arrival: 0,
             runs: Runs::default(),
             run_scheduling,
+            stalled: false,
             stats,
         }
     }
@@ -307,7 +314,13 @@ impl EngineLoop {
         self.expire_holds();
         if !self.scheduler.is_idle() {
             self.observe_pressure();
+            self.runs.end_tool_waits(Instant::now());
+            if self.run_scheduling {
+                self.scheduler
+                    .set_paused_runs(self.runs.waiting_for_tools());
+            }
             let plan = self.scheduler.schedule();
+            self.stalled = plan.items.is_empty() && self.scheduler.num_running() == 0;
             self.on_admitted(&plan);
             let kv = self.scheduler.kv();
             let copies = kv.take_copies();
@@ -337,6 +350,8 @@ impl EngineLoop {
             if !plan.items.is_empty() {
                 self.step(&plan);
             }
+        } else {
+            self.stalled = false;
         }
         self.publish_stats();
         true
@@ -356,15 +371,25 @@ impl EngineLoop {
     }
 
     /// Takes new commands: waits for one when idle (no longer than until the next hold
-    /// expires), else drains what is there. Returns false when the engine should stop.
+    /// expires) or stalled (a moment), else drains what is there. Returns false when the
+    /// engine should stop.
     fn receive(&mut self) -> bool {
-        if self.scheduler.is_idle() {
-            let received = match self.runs.next_expiry() {
+        if self.scheduler.is_idle() || self.stalled {
+            let wake = match self.stalled {
+                true => Some(Instant::now() + STALLED_POLL),
+                false => self.runs.next_expiry(),
+            };
+            let received = match wake {
                 Some(at) => {
                     let wait = at.saturating_duration_since(Instant::now());
                     match self.commands.recv_timeout(wait) {
                         Ok(cmd) => Ok(Some(cmd)),
                         Err(RecvTimeoutError::Timeout) => Ok(None),
+                        // No handle left, work still waiting: finish it (below).
+                        Err(RecvTimeoutError::Disconnected) if self.stalled => {
+                            std::thread::sleep(STALLED_POLL);
+                            Ok(None)
+                        }
                         Err(RecvTimeoutError::Disconnected) => Err(()),
                     }
                 }
@@ -845,7 +870,8 @@ impl EngineLoop {
         let hold = hold.filter(|(_, until)| *until > now).inspect(|(keys, _)| {
             self.scheduler.kv().hold(keys);
         });
-        let program = paused.map(|r| r.program.as_str());
+        let bound = now + Duration::from_secs_f64(retention.max_secs);
+        let program = paused.map(|r| (r.program.as_str(), bound));
         let replaced = match run.is_some_and(|r| r.warm_up) {
             // A warm-up holds its run's next prefix; the run's last turn still waits.
             true => self.runs.hold(&holder, hold, now),
@@ -856,11 +882,18 @@ impl EngineLoop {
         }
     }
 
-    /// The runs whose turns `plan` admitted take back the blocks their last turns left held.
+    /// The runs whose turns `plan` admitted take back the blocks their last turns left held,
+    /// and no longer wait for tools.
     fn on_admitted(&mut self, plan: &StepPlan) {
         for id in &plan.admitted {
-            let run = self.outputs.get(id).and_then(|out| out.run.as_ref());
-            if let Some(keys) = run.and_then(|run| self.runs.admitted(&run.id)) {
+            let Some(run) = self.outputs.get(id).and_then(|out| out.run.as_ref()) else {
+                continue;
+            };
+            // A pre-warming of the next turn goes in while the tool still runs.
+            if !run.warm_up {
+                self.runs.resumed(&run.id);
+            }
+            if let Some(keys) = self.runs.admitted(&run.id) {
                 self.scheduler.kv().unhold(&keys, false);
             }
         }

@@ -361,6 +361,8 @@ impl EngineHandle {
         let scheduler = SchedulerConfig {
             max_step_tokens: config.max_step_tokens,
             max_running: config.max_running,
+            max_active_runs: (config.run_scheduling && config.max_active_runs > 0)
+                .then_some(config.max_active_runs),
             block_size: config.block_size,
             watermark_blocks: (num_blocks / 100).max(1),
         };

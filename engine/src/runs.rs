@@ -90,6 +90,9 @@ struct RunState {
     /// Set when its last turn ended waiting for a tool: the program, and when.
     paused: Option<(String, Instant)>,
     hold: Option<Hold>,
+    /// Set while its last turn waits for a tool: until when the run counts as in progress
+    /// (its next turn's admission ends that).
+    waits_until: Option<Instant>,
 }
 
 /// A moving average that starts at a prior.
@@ -110,6 +113,8 @@ pub struct Runs {
     runs: HashMap<String, RunState>,
     /// Every hold's end and its run, soonest first: expiry looks at the due ones only.
     expiries: BTreeSet<(Instant, String)>,
+    /// Every run waiting for a tool, by the end of its wait: see [`Runs::waiting_for_tools`].
+    tool_waits: BTreeSet<(Instant, String)>,
     pauses: HashMap<String, VecDeque<f64>>,
     /// Seconds of forward pass per prefilled token.
     prefill_secs_per_token: Ewma,
@@ -123,6 +128,7 @@ impl Default for Runs {
         Self {
             runs: HashMap::new(),
             expiries: BTreeSet::new(),
+            tool_waits: BTreeSet::new(),
             pauses: HashMap::new(),
             // Priors, until steps are measured: a small model's prefill on a CPU, a memcpy.
             prefill_secs_per_token: Ewma(1e-3),
@@ -144,6 +150,7 @@ impl Runs {
             last_seen: now,
             paused: None,
             hold: None,
+            waits_until: None,
         });
         state.last_seen = now;
         if let Some((program, since)) = state.paused.take() {
@@ -167,7 +174,9 @@ impl Runs {
         idle.sort();
         let excess = self.runs.len().saturating_sub(MAX_RUNS / 2);
         for (_, id) in idle.into_iter().take(excess) {
-            self.runs.remove(&id);
+            if let Some(until) = self.runs.remove(&id).and_then(|r| r.waits_until) {
+                self.tool_waits.remove(&(until, id));
+            }
         }
     }
 
@@ -198,17 +207,54 @@ impl Runs {
         Some(hold.keys)
     }
 
-    /// A turn of `run` ended; `paused` names its program when it waits for a tool. `keys` are
-    /// now held until `until` (when set); returns the keys of the hold this one replaces.
+    /// The next turn of `run` was admitted: it no longer waits for a tool.
+    pub fn resumed(&mut self, run: &str) {
+        if let Some(until) = self.runs.get_mut(run).and_then(|r| r.waits_until.take()) {
+            self.tool_waits.remove(&(until, run.to_owned()));
+        }
+    }
+
+    /// A turn of `run` ended; `paused` names its program when it waits for a tool, and until
+    /// when the run counts as in progress without a turn in the engine. `keys` are now held
+    /// until `until` (when set); returns the keys of the hold this one replaces.
     pub fn ended(
         &mut self,
         run: &str,
-        paused: Option<&str>,
+        paused: Option<(&str, Instant)>,
         hold: Option<(Vec<BlockKey>, Instant)>,
         now: Instant,
     ) -> Option<Vec<BlockKey>> {
-        self.state(run, now).paused = paused.map(|p| (p.to_owned(), now));
+        let state = self.state(run, now);
+        state.paused = paused.map(|(p, _)| (p.to_owned(), now));
+        let waits_until = paused.map(|(_, until)| until);
+        if let Some(old) = std::mem::replace(&mut state.waits_until, waits_until) {
+            self.tool_waits.remove(&(old, run.to_owned()));
+        }
+        if let Some(until) = waits_until {
+            self.tool_waits.insert((until, run.to_owned()));
+        }
         self.hold(run, hold, now)
+    }
+
+    /// Ends the waits for tools whose bound has passed at `now`.
+    pub fn end_tool_waits(&mut self, now: Instant) {
+        while let Some((until, run)) = self.tool_waits.pop_first() {
+            if until > now {
+                self.tool_waits.insert((until, run));
+                break;
+            }
+            if let Some(state) = self.runs.get_mut(&run) {
+                state.waits_until = None;
+            }
+        }
+    }
+
+    /// The runs in progress without a turn in the engine: their last turn waits for a tool
+    /// (see [`Runs::end_tool_waits`]). Their first arrivals.
+    pub fn waiting_for_tools(&self) -> impl Iterator<Item = u64> + '_ {
+        self.tool_waits
+            .iter()
+            .map(|(_, run)| self.runs[run].first_arrival)
     }
 
     /// `keys` of `run` are now held until `until` (when set), in place of what was; returns
@@ -219,13 +265,17 @@ impl Runs {
         hold: Option<(Vec<BlockKey>, Instant)>,
         now: Instant,
     ) -> Option<Vec<BlockKey>> {
-        let new = hold.map(|(keys, until)| {
+        let new = hold.map(|(keys, until)| Hold { keys, until });
+        let until = new.as_ref().map(|h| h.until);
+        let old = std::mem::replace(&mut self.state(run, now).hold, new);
+        // The old expiry goes first: the new one may fall on the same instant.
+        if let Some(old) = &old {
+            self.expiries.remove(&(old.until, run.to_owned()));
+        }
+        if let Some(until) = until {
             self.expiries.insert((until, run.to_owned()));
-            Hold { keys, until }
-        });
-        let old = std::mem::replace(&mut self.state(run, now).hold, new)?;
-        self.expiries.remove(&(old.until, run.to_owned()));
-        Some(old.keys)
+        }
+        old.map(|h| h.keys)
     }
 
     fn state(&mut self, run: &str, now: Instant) -> &mut RunState {
@@ -234,6 +284,7 @@ impl Runs {
             last_seen: now,
             paused: None,
             hold: None,
+            waits_until: None,
         });
         state.last_seen = now;
         state
@@ -362,12 +413,24 @@ mod tests {
         assert_eq!(runs.arrive("b", 2, t0), 2);
         let keys = vec![block_key(0, None, &[1, 2, 3, 4])];
         let until = t0 + Duration::from_secs(5);
+        let bound = t0 + Duration::from_secs(30);
         assert!(runs
-            .ended("a", Some("coder"), Some((keys.clone(), until)), t0)
+            .ended("a", Some(("coder", bound)), Some((keys.clone(), until)), t0)
             .is_none());
         assert_eq!(runs.next_expiry(), Some(until));
-        // The follow-up arrives 2 s later: its place is the run's, the pause is learned.
+        let waiting = |runs: &mut Runs, at| {
+            runs.end_tool_waits(at);
+            runs.waiting_for_tools().collect::<Vec<u64>>()
+        };
+        assert_eq!(
+            waiting(&mut runs, t0),
+            [1],
+            "in progress while its tool runs"
+        );
+        // The follow-up arrives 2 s later: its place is the run's, the pause is learned; the
+        // run is in progress until that turn is admitted.
         assert_eq!(runs.arrive("a", 3, t0 + Duration::from_secs(2)), 1);
+        assert_eq!(waiting(&mut runs, t0 + Duration::from_secs(6)), [1]);
         let ttl = runs.ttl("coder", (1, 4), 100, false, 30.0);
         assert_eq!(
             ttl,
@@ -382,6 +445,12 @@ mod tests {
         assert_eq!(runs.next_expiry(), Some(t0 + Duration::from_secs(30)));
         assert_eq!(runs.admitted("a"), Some(keys.clone()));
         assert!(runs.admitted("a").is_none(), "let go once");
+        runs.resumed("a");
+        assert!(waiting(&mut runs, t0).is_empty());
+        // A run whose tool never returns is in progress only until the bound.
+        runs.ended("a", Some(("coder", bound)), None, t0);
+        assert_eq!(waiting(&mut runs, bound - Duration::from_secs(1)), [1]);
+        assert!(waiting(&mut runs, bound).is_empty());
         // A hold nobody comes back for expires; one whose next turn is admitted first does not.
         runs.ended("b", None, Some((keys.clone(), until)), t0);
         assert!(runs.expire(t0 + Duration::from_secs(4)).is_empty());

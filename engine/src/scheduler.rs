@@ -13,8 +13,10 @@
 //!    (program-level first come first served: a run's later turns do not queue behind runs that
 //!    started after it), then first come first served, while their first chunk's blocks fit
 //!    (keeping a small watermark free for decodes, and, while others run, room for the output a
-//!    sequence is expected to make). The queue head is never skipped, so a large request cannot
-//!    be starved by small ones.
+//!    sequence is expected to make). The queue head is never skipped for want of memory, so a
+//!    large request cannot be starved by small ones. With a limit on agent runs in progress,
+//!    turns that would start a run are passed over while it is reached: the runs that started
+//!    first finish first, instead of every run sharing the engine until the end.
 //!
 //! Admission first reuses every leading block the prefix cache holds (device or host tier), so
 //! only the rest of the prompt is computed; except for a sequence scoring its prompt, which needs
@@ -26,6 +28,8 @@
 //! host tier (or, when the host tier is full, dropped, to be recomputed from its tokens) and it
 //! goes back to the waiting queue; admission swaps it back in.
 
+use std::collections::BTreeSet;
+
 use crate::kv_cache::{BlockId, KvManager, PrefixHit};
 use crate::request::RequestId;
 use crate::sequence::Sequence;
@@ -36,6 +40,9 @@ pub struct SchedulerConfig {
     pub max_step_tokens: usize,
     /// Most sequences running at once.
     pub max_running: usize,
+    /// Most agent runs in progress at once (see [`Scheduler::set_paused_runs`]); `None`: no
+    /// limit.
+    pub max_active_runs: Option<usize>,
     pub block_size: usize,
     /// Blocks admission leaves free so running sequences can keep decoding.
     pub watermark_blocks: usize,
@@ -95,6 +102,9 @@ pub struct Scheduler {
     waiting: Vec<Sequence>,
     /// Sorted by [`Sequence::key`].
     running: Vec<Sequence>,
+    /// The runs (by first arrival) waiting for a tool: in progress, though none of their turns
+    /// is here.
+    paused_runs: BTreeSet<u64>,
     stats: SchedulerStats,
 }
 
@@ -105,6 +115,7 @@ impl Scheduler {
             kv,
             waiting: Vec::new(),
             running: Vec::new(),
+            paused_runs: BTreeSet::new(),
             stats: SchedulerStats::default(),
         }
     }
@@ -140,6 +151,14 @@ impl Scheduler {
     }
 
     /// Every sequence, waiting or running.
+    /// The runs (by first arrival) now waiting for a tool. With a limit on runs in progress,
+    /// they count against it, and their next turns are admitted as the turns of a run in
+    /// progress.
+    pub fn set_paused_runs(&mut self, runs: impl IntoIterator<Item = u64>) {
+        self.paused_runs.clear();
+        self.paused_runs.extend(runs);
+    }
+
     pub fn sequences(&self) -> impl Iterator<Item = &Sequence> {
         self.running.iter().chain(&self.waiting)
     }
@@ -252,25 +271,40 @@ impl Scheduler {
     /// swapped back in, new ones take what the prefix cache has.
     fn admit(&mut self, plan: &mut StepPlan, budget: &mut usize) {
         let reserve = self.config.watermark_blocks;
+        let mut active = self.active_runs();
+        // The next candidate: with a limit on runs in progress, turns that would start a run
+        // are passed over while it is reached (every later turn of a run in progress is behind
+        // them only when of a lower priority).
+        let mut next = 0;
         while *budget > 0 && self.running.len() < self.config.max_running {
-            if self.waiting.is_empty() {
+            if next >= self.waiting.len() {
                 break;
             }
             if self.kv.num_available() <= reserve {
                 break;
             }
-            let mut seq = self.waiting.remove(0);
+            let starts_run = self.starts_run(&self.waiting[next]);
+            if starts_run
+                && self
+                    .config
+                    .max_active_runs
+                    .is_some_and(|max| active.len() >= max)
+            {
+                next += 1;
+                continue;
+            }
+            let mut seq = self.waiting.remove(next);
             let mut lookup = None;
             if let Some(swapped) = seq.swapped.take() {
                 let need = self.blocks_for(seq.num_computed() + 1).max(swapped.len());
                 if self.kv.num_available() < need + reserve {
                     seq.swapped = Some(swapped);
-                    self.waiting.insert(0, seq);
+                    self.waiting.insert(next, seq);
                     break;
                 }
                 if let Err(swapped) = seq.blocks.swap_in(swapped) {
                     seq.swapped = Some(swapped);
-                    self.waiting.insert(0, seq);
+                    self.waiting.insert(next, seq);
                     break;
                 }
             } else if seq.num_computed() == 0 {
@@ -298,7 +332,7 @@ impl Scheduler {
                 // Only a new sequence can get here (a swap-in checked its room): give back the
                 // prefix blocks it took and wait.
                 seq.evict();
-                self.waiting.insert(0, seq);
+                self.waiting.insert(next, seq);
                 break;
             }
             let grown = seq.blocks.grow_to(self.blocks_for(seq.num_computed() + n));
@@ -309,12 +343,32 @@ impl Scheduler {
                 }
                 seq.admitted_with(hit);
             }
+            active.insert(seq.run_arrival);
             let decode = seq.is_decoding();
             plan.admitted.push(seq.id);
             let i = insert_sorted(&mut self.running, seq);
             self.plan_item(plan, i, n, decode);
             *budget -= n;
         }
+    }
+
+    /// The runs in progress, by first arrival: those with a sequence running, and those waiting
+    /// for a tool.
+    fn active_runs(&self) -> BTreeSet<u64> {
+        let running = self.running.iter().map(|s| s.run_arrival);
+        self.paused_runs.iter().copied().chain(running).collect()
+    }
+
+    /// Whether admitting `seq` would start a run: it is no later turn of a run in progress,
+    /// and no sequence put back after it had begun.
+    fn starts_run(&self, seq: &Sequence) -> bool {
+        seq.swapped.is_none()
+            && seq.num_generated() == 0
+            && !self.paused_runs.contains(&seq.run_arrival)
+            && !self
+                .running
+                .iter()
+                .any(|s| s.run_arrival == seq.run_arrival)
     }
 
     /// How many of `want` tokens `seq` can compute with its blocks and the available ones,
@@ -435,6 +489,7 @@ mod tests {
             SchedulerConfig {
                 max_step_tokens: budget,
                 max_running: 8,
+                max_active_runs: None,
                 block_size: 4,
                 watermark_blocks: 1,
             },
@@ -530,6 +585,42 @@ mod tests {
             s.add(seq(&s, id, 4, i32::from(id == 4)));
         }
         assert_eq!(admission_order(&mut s), [4, 1, 2, 3, 5, 6]);
+    }
+
+    #[test]
+    fn a_limit_on_runs_in_progress_holds_back_new_runs_not_later_turns() {
+        let mut s = scheduler(256, 64);
+        s.config.max_active_runs = Some(2);
+        // Runs a (first arrival 1) and b (2) start; c (3) and a run-less request (4) wait.
+        for (id, run) in [(1, 1), (2, 2), (3, 3), (4, 4)] {
+            s.add(seq(&s, id, 4, 0).in_run(run));
+        }
+        assert_eq!(step(&mut s).admitted, [RequestId(1), RequestId(2)]);
+        // a's turn ends in a tool call: a is still in progress, and its next turn goes in while
+        // c still waits.
+        s.remove(RequestId(1));
+        s.set_paused_runs([1]);
+        assert!(step(&mut s).admitted.is_empty());
+        s.add(seq(&s, 5, 8, 0).in_run(1));
+        assert_eq!(step(&mut s).admitted, [RequestId(5)]);
+        // So does a second turn of b beside its first (a parallel call of one run).
+        s.add(seq(&s, 6, 4, 0).in_run(2));
+        assert_eq!(step(&mut s).admitted, [RequestId(6)]);
+        // a's turn runs; b ends without a tool call: c starts, then the run-less request once
+        // a is done.
+        s.set_paused_runs([]);
+        s.remove(RequestId(2));
+        s.remove(RequestId(6));
+        assert_eq!(step(&mut s).admitted, [RequestId(3)]);
+        assert!(step(&mut s).admitted.is_empty());
+        s.remove(RequestId(5));
+        assert_eq!(step(&mut s).admitted, [RequestId(4)]);
+        // Without a limit, everything waiting is admitted at once.
+        let mut s = scheduler(256, 64);
+        for (id, run) in [(1, 1), (2, 2), (3, 3), (4, 4)] {
+            s.add(seq(&s, id, 4, 0).in_run(run));
+        }
+        assert_eq!(step(&mut s).admitted.len(), 4);
     }
 
     #[test]

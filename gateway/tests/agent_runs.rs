@@ -1,6 +1,7 @@
 //! Agent-aware serving end to end on the real model: a turn that ends in tool calls keeps its KV
-//! blocks through pressure that evicts a plain turn's; speculative prefill warms the next turn;
-//! hints are checked.
+//! blocks through pressure that evicts a plain turn's; a run waiting for its tool keeps its place
+//! among a bounded number of runs in progress; speculative prefill warms the next turn; hints are
+//! checked.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -127,6 +128,47 @@ async fn a_tool_call_turn_keeps_its_blocks_through_pressure_that_evicts_an_older
     assert!(stats.stats().kv().counters.retained_hit_blocks >= hits + tool_blocks as u64);
     let (_, again) = post(addr, "/v1/chat/completions", "run-plain", plain_turn()).await;
     assert!(cached(&again) < plain_blocks * BLOCK, "{again}");
+}
+
+#[tokio::test]
+async fn a_run_waiting_for_its_tool_keeps_its_place_among_the_runs_in_progress() {
+    use std::sync::atomic::Ordering;
+    // One run in progress at a time.
+    let engine = EngineHandle::start(&EngineConfig {
+        model: models().join(format!("{MODEL_ID}.gguf")),
+        max_active_runs: 1,
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    let stats = engine.clone();
+    let addr = server(engine).await;
+    let (status, tool) = post(addr, "/v1/chat/completions", "run-a", tool_turn()).await;
+    assert_eq!(status, 200, "{tool}");
+    assert_eq!(tool["choices"][0]["finish_reason"], "tool_calls", "{tool}");
+    // Run a waits for its tool: a new run waits to start.
+    let later = tokio::spawn(post(addr, "/v1/chat/completions", "run-b", plain_turn()));
+    let waiting = || stats.stats().waiting.load(Ordering::Relaxed);
+    let since = Instant::now();
+    while waiting() == 0 {
+        assert!(
+            since.elapsed() < Duration::from_secs(60),
+            "run b never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(waiting(), 1, "run b started beside run a");
+    assert!(!later.is_finished());
+    // Run a's next turn goes straight in, ends the run without a tool call, and then run b
+    // starts.
+    let (status, answer) = post(addr, "/v1/chat/completions", "run-a", plain_turn()).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_ne!(answer["choices"][0]["finish_reason"], "tool_calls");
+    let (status, answer) = tokio::time::timeout(Duration::from_secs(120), later)
+        .await
+        .expect("run b started once run a was done")
+        .unwrap();
+    assert_eq!(status, 200, "{answer}");
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@
 #   RUNS=8 TURNS=4 TOOL_WORDS=60 POOL_BLOCKS=160 scripts/bench-tool-agents.sh   # a smaller run
 #   LLAMA_SERVER=/path/to/llama-server scripts/bench-tool-agents.sh
 #   SPECULATIVE=1 scripts/bench-tool-agents.sh   # the "on" runs also send speculative_prefill
+#   ACTIVE_RUNS=0 scripts/bench-tool-agents.sh    # "on" without a bound on runs in progress
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +25,9 @@ MAX_TOKENS=${MAX_TOKENS:-48}
 TOOL_WORDS=${TOOL_WORDS:-120}
 POOL_BLOCKS=${POOL_BLOCKS:-1800}
 PORT=${PORT:-8095}
+# With run scheduling, runs in progress at once: near the batch beyond which this machine's
+# throughput stops growing on agent contexts (on 2 cores, 12 runs as fast as 64 sequences).
+ACTIVE_RUNS=${ACTIVE_RUNS:-12}
 mkdir -p "$OUT"
 
 wait_ready() {
@@ -44,11 +48,12 @@ loadgen() { # label, report, extra flags
 }
 
 swarmgate() { # label, report name, on|off (retention and run scheduling), loadgen flags
-  local label=$1 report=$2 on=$3 ttl=30 runs=true
+  local label=$1 report=$2 on=$3 ttl=30 runs=true active=$ACTIVE_RUNS
   shift 3
-  [ "$on" = on ] || { ttl=0; runs=false; }
+  [ "$on" = on ] || { ttl=0; runs=false; active=0; }
   "$BIN" serve --host 127.0.0.1 --port "$PORT" --grpc-port 0 --model "$MODEL" \
     --device-kv-blocks "$POOL_BLOCKS" --run-scheduling "$runs" --tool-kv-ttl-max-secs "$ttl" \
+    --max-active-runs "$active" \
     --first-token-timeout-secs 600 \
     >"$OUT/$report.log" 2>&1 &
   local pid=$!

@@ -150,7 +150,6 @@ impl Scheduler {
         insert_sorted(&mut self.waiting, seq);
     }
 
-    /// Every sequence, waiting or running.
     /// The runs (by first arrival) now waiting for a tool. With a limit on runs in progress,
     /// they count against it, and their next turns are admitted as the turns of a run in
     /// progress.
@@ -159,6 +158,7 @@ impl Scheduler {
         self.paused_runs.extend(runs);
     }
 
+    /// Every sequence, waiting or running.
     pub fn sequences(&self) -> impl Iterator<Item = &Sequence> {
         self.running.iter().chain(&self.waiting)
     }
@@ -283,13 +283,11 @@ impl Scheduler {
             if self.kv.num_available() <= reserve {
                 break;
             }
-            let starts_run = self.starts_run(&self.waiting[next]);
-            if starts_run
-                && self
-                    .config
-                    .max_active_runs
-                    .is_some_and(|max| active.len() >= max)
-            {
+            let at_bound = self
+                .config
+                .max_active_runs
+                .is_some_and(|max| active.len() >= max);
+            if at_bound && self.starts_run(&self.waiting[next]) {
                 next += 1;
                 continue;
             }

@@ -30,7 +30,10 @@ def test_every_answer_conforms_to_the_spec(small_server):
             "--seed", "1",
             "--request-timeout", "180",
             "--max-time", "120",
-            "--workers", "2",
+            # One worker: with two, the generator itself failed once on this Python 3.11
+            # ("SystemError: AST constructor recursion depth mismatch" while two threads built
+            # recursive strategies), a failure of the tool, not of the API.
+            "--workers", "1",
         ],
         capture_output=True,
         text=True,

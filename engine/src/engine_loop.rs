@@ -249,7 +249,7 @@ pub(crate) struct EngineLoop {
     runs: Runs,
     run_scheduling: bool,
     /// The last schedule ran nothing and nothing is running: the waiting work waits for a run
-    /// to finish its tool call (or for held blocks to be let go).
+    /// in progress to finish its tool call.
     stalled: bool,
     stats: Arc<EngineStats>,
 }
@@ -508,8 +508,8 @@ impl EngineLoop {
                 false => {
                     let now = Instant::now();
                     if let Some(retention) = &request.retention {
-                        let bound = now + Duration::from_secs_f64(retention.max_secs);
-                        self.runs.keep_for_next_turn(&run.id, bound);
+                        self.runs
+                            .keep_for_next_turn(&run.id, now + retention.longest());
                     }
                     self.runs.arrive(&run.id, arrival, now)
                 }
@@ -863,15 +863,14 @@ impl EngineLoop {
                     tracing::debug!(run = %run.id, ttl_ms = ttl.as_millis(), "turn held");
                     ttl
                 }
-                _ => Duration::from_secs_f64(retention.max_secs),
+                _ => retention.longest(),
             };
             (keys, now + ttl)
         });
         let hold = hold.filter(|(_, until)| *until > now).inspect(|(keys, _)| {
             self.scheduler.kv().hold(keys);
         });
-        let bound = now + Duration::from_secs_f64(retention.max_secs);
-        let program = paused.map(|r| (r.program.as_str(), bound));
+        let program = paused.map(|r| (r.program.as_str(), now + retention.longest()));
         let replaced = match run.is_some_and(|r| r.warm_up) {
             // A warm-up holds its run's next prefix; the run's last turn still waits.
             true => self.runs.hold(&holder, hold, now),

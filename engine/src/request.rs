@@ -1,7 +1,7 @@
 //! What callers hand the engine and what they get back: a request to generate, and the stream
 //! of events that answers it. Plain data, no behaviour beyond validation and defaults.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Identifies one request (one sequence) inside an engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -177,6 +177,11 @@ pub struct Retention {
 pub const MAX_RETENTION_SECS: f64 = 86_400.0;
 
 impl Retention {
+    /// The longest the blocks are held (validated: finite, within [`MAX_RETENTION_SECS`]).
+    pub fn longest(&self) -> Duration {
+        Duration::from_secs_f64(self.max_secs)
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         if !(self.max_secs.is_finite() && (0.0..=MAX_RETENTION_SECS).contains(&self.max_secs)) {
             return Err(format!(

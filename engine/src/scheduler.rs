@@ -154,8 +154,10 @@ impl Scheduler {
     /// they count against it, and their next turns are admitted as the turns of a run in
     /// progress.
     pub fn set_paused_runs(&mut self, runs: impl IntoIterator<Item = u64>) {
-        self.paused_runs.clear();
-        self.paused_runs.extend(runs);
+        if self.config.max_active_runs.is_some() {
+            self.paused_runs.clear();
+            self.paused_runs.extend(runs);
+        }
     }
 
     /// Every sequence, waiting or running.
@@ -271,10 +273,14 @@ impl Scheduler {
     /// swapped back in, new ones take what the prefix cache has.
     fn admit(&mut self, plan: &mut StepPlan, budget: &mut usize) {
         let reserve = self.config.watermark_blocks;
-        let mut active = self.active_runs();
-        // The next candidate: with a limit on runs in progress, turns that would start a run
-        // are passed over while it is reached (every later turn of a run in progress is behind
-        // them only when of a lower priority).
+        // With a limit on runs in progress: the limit and those runs.
+        let mut bound = self
+            .config
+            .max_active_runs
+            .map(|max| (max, self.active_runs()));
+        // The next candidate: turns that would start a run are passed over while the limit is
+        // reached (every later turn of a run in progress is behind them only when of a lower
+        // priority).
         let mut next = 0;
         while *budget > 0 && self.running.len() < self.config.max_running {
             if next >= self.waiting.len() {
@@ -283,10 +289,7 @@ impl Scheduler {
             if self.kv.num_available() <= reserve {
                 break;
             }
-            let at_bound = self
-                .config
-                .max_active_runs
-                .is_some_and(|max| active.len() >= max);
+            let at_bound = bound.as_ref().is_some_and(|(max, runs)| runs.len() >= *max);
             if at_bound && self.starts_run(&self.waiting[next]) {
                 next += 1;
                 continue;
@@ -341,7 +344,9 @@ impl Scheduler {
                 }
                 seq.admitted_with(hit);
             }
-            active.insert(seq.run_arrival);
+            if let Some((_, runs)) = &mut bound {
+                runs.insert(seq.run_arrival);
+            }
             let decode = seq.is_decoding();
             plan.admitted.push(seq.id);
             let i = insert_sorted(&mut self.running, seq);

@@ -257,9 +257,16 @@ impl Constraint {
         self.matcher.is_stopped()
     }
 
-    /// Text that must come next whatever the model prefers (forced bytes), as tokens.
-    pub fn forced(&mut self) -> Vec<u32> {
-        self.matcher.compute_ff_tokens()
+    /// Takes the tokens the grammar forces next, whatever the model would prefer (at most
+    /// `max`): they are consumed here as if sampled. Empty when nothing is forced, or when
+    /// consuming them failed (the next mask then reports the error).
+    pub fn fast_forward(&mut self, max: usize) -> Vec<u32> {
+        let mut tokens = self.matcher.compute_ff_tokens();
+        tokens.truncate(max);
+        if tokens.is_empty() || self.matcher.consume_tokens(&tokens).is_err() {
+            return Vec::new();
+        }
+        tokens
     }
 }
 

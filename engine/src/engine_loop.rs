@@ -725,7 +725,8 @@ impl EngineLoop {
         let _ = out.events.try_send(Event::PromptLogprobs(entries));
     }
 
-    /// Records a sequence's next token and tells the client.
+    /// Records a sequence's next token, with any text the grammar forces after it, and tells the
+    /// client.
     fn on_sampled(&mut self, id: RequestId, sampled: Sampled) {
         let Some(out) = self.outputs.get_mut(&id) else {
             return;
@@ -741,32 +742,54 @@ impl EngineLoop {
             let error = format!("constrained decoding failed: {e}");
             return self.finish(id, FinishReason::Error, Some(&error));
         }
-        self.scheduler.append(id, token);
+        let seq = self
+            .scheduler
+            .get(id)
+            .expect("a sampled sequence is running");
+        let context = self.model.config().context_length;
         // A complete constrained answer ends even when the request ignores EOS.
         let grammar_done = out.sampler.is_constrained() && token == self.eos[0];
-        if grammar_done || out.stop_tokens.contains(&token) {
+        let stop = grammar_done || out.stop_tokens.contains(&token);
+        // What the grammar forces after this token joins it, within the answer's limits.
+        let room = (out.max_tokens.saturating_sub(seq.num_generated() + 1))
+            .min(context.saturating_sub(seq.tokens().len() + 1));
+        let tokens = match stop {
+            true => vec![token],
+            false => [vec![token], out.sampler.fast_forward(room)].concat(),
+        };
+        self.scheduler.append(id, &tokens);
+        if stop {
             return self.finish(id, FinishReason::Stop, None);
         }
-        let step = match out.text.push(token) {
-            Ok(step) => step,
-            Err(e) => {
-                tracing::error!(error = %e, "detokenization failed");
-                return self.finish(id, FinishReason::Error, Some("detokenization failed"));
+        let (mut text, mut released, mut stopped) = (String::new(), 0, false);
+        for &t in &tokens {
+            match out.text.push(t) {
+                Ok(step) => {
+                    text.push_str(&step.text);
+                    released += 1;
+                    stopped = step.stopped;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "detokenization failed");
+                    return self.finish(id, FinishReason::Error, Some("detokenization failed"));
+                }
             }
-        };
+            if stopped {
+                break;
+            }
+        }
         let _ = out.events.try_send(Event::Delta {
-            text: step.text,
-            tokens: vec![token],
+            text,
+            tokens: tokens[..released].to_vec(),
             logprobs: sampled.logprob.into_iter().collect(),
         });
-        if step.stopped {
+        if stopped {
             return self.finish(id, FinishReason::Stop, None);
         }
         let seq = self
             .scheduler
             .get(id)
             .expect("a sampled sequence is running");
-        let context = self.model.config().context_length;
         if seq.num_generated() >= out.max_tokens || seq.tokens().len() >= context {
             self.finish(id, FinishReason::Length, None);
         }

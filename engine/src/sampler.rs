@@ -176,6 +176,24 @@ impl Sampler {
         Sampled { token, logprob }
     }
 
+    /// After a sampled token: the tokens the grammar forces next (at most `max`), taken as
+    /// generated without sampling, so that they run through the model as one chunk instead of a
+    /// step each (jump-forward decoding). None without a grammar, or when log-probabilities are
+    /// reported (each token would need its own logits row).
+    pub fn fast_forward(&mut self, max: usize) -> Vec<u32> {
+        if self.top_logprobs.is_some() || !self.score_tokens.is_empty() {
+            return Vec::new();
+        }
+        let Some(constraint) = self.constraint.as_mut().filter(|c| !c.is_done()) else {
+            return Vec::new();
+        };
+        let tokens = constraint.fast_forward(max);
+        for &token in &tokens {
+            *self.output_counts.entry(token).or_insert(0) += 1;
+        }
+        tokens
+    }
+
     /// Applies the penalties, then makes every logit comparable: NaN becomes -inf (never
     /// chosen), +inf the largest finite value.
     fn apply_penalties(&self, logits: &mut [f32]) {

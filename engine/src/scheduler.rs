@@ -433,10 +433,11 @@ impl Scheduler {
         }
     }
 
-    /// Appends a sampled token to a running sequence.
-    pub fn append(&mut self, id: RequestId, token: u32) {
+    /// Appends a sampled token, and any forced after it, to a running sequence: the next step
+    /// runs them through the model (more than one as a chunk).
+    pub fn append(&mut self, id: RequestId, tokens: &[u32]) {
         if let Some(seq) = self.running.iter_mut().find(|s| s.id == id) {
-            seq.push_token(token);
+            seq.push_tokens(tokens);
         }
     }
 
@@ -529,7 +530,7 @@ mod tests {
         let plan = s.schedule();
         s.commit(&plan);
         for item in plan.items.iter().filter(|i| i.sample) {
-            s.append(item.id, 1);
+            s.append(item.id, &[1]);
         }
         plan
     }

@@ -150,13 +150,14 @@ impl Sequence {
         self.blocks.register_full(&self.tokens, self.num_computed);
     }
 
-    pub(crate) fn push_token(&mut self, token: u32) {
+    /// Appends generated tokens: the one sampled, and any the grammar forced after it.
+    pub(crate) fn push_tokens(&mut self, tokens: &[u32]) {
         debug_assert_eq!(
             self.num_pending(),
             0,
-            "a token is appended after its step ran"
+            "tokens are appended after their step ran"
         );
-        self.tokens.push(token);
+        self.tokens.extend_from_slice(tokens);
     }
 
     /// Drops the cached keys and values; they will be recomputed from the tokens.

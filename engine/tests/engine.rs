@@ -388,6 +388,96 @@ fn json_mode_produces_a_json_object() {
     assert_pool_whole(&engine);
 }
 
+/// What a grammar forces (here the keys of a strict schema, its braces and separators) is not
+/// sampled a token at a time: it joins the token before it and runs through the model with it,
+/// so the answer takes fewer steps than it has tokens. Each of its tokens still reaches the
+/// stream, and a request that asks for log-probabilities gets one per token (nothing is skipped
+/// for it).
+#[test]
+fn forced_grammar_text_runs_as_a_chunk_not_a_step_per_token() {
+    let _serial = serial();
+    let engine = EngineHandle::start(&config(64)).unwrap();
+    let prompt = engine
+        .model()
+        .encode_chat(
+            &[ChatMessage::new("user", "Is the sky blue? Answer as JSON.")],
+            true,
+        )
+        .unwrap()
+        .tokens;
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "the_answer_to_the_question_in_one_word": {"type": "string", "maxLength": 12},
+            "how_confident_you_are_from_one_to_ten": {"type": "integer", "minimum": 1, "maximum": 10},
+        },
+        "required": [
+            "the_answer_to_the_question_in_one_word",
+            "how_confident_you_are_from_one_to_ten",
+        ],
+        "additionalProperties": false,
+    });
+    let request = |logprobs| GenerateRequest {
+        sampling: SamplingParams::greedy(),
+        max_tokens: 80,
+        logprobs,
+        response_format: engine::ResponseFormat::JsonSchema {
+            schema: schema.clone(),
+            strict: true,
+        },
+        ..GenerateRequest::new(Prompt::Tokens(prompt.clone()))
+    };
+    let steps = || engine.stats().steps.load(Ordering::Relaxed);
+    let before = steps();
+    let out = collect(engine.submit(request(None)).unwrap());
+    let taken = steps() - before;
+    assert_eq!(out.reason, FinishReason::Stop, "{:?}", out.text);
+    let value: serde_json::Value = serde_json::from_str(&out.text)
+        .unwrap_or_else(|e| panic!("{:?} is not JSON: {e}", out.text));
+    assert_eq!(value.as_object().map(|o| o.len()), Some(2), "{value}");
+    assert_eq!(
+        out.tokens.len() + 1,
+        out.completion_tokens,
+        "every token is streamed but the end of sequence"
+    );
+    assert_eq!(
+        engine.model().tokenizer.decode(&out.tokens, true).unwrap(),
+        out.text,
+        "the streamed tokens spell the text"
+    );
+    // The two keys alone are well over 20 tokens, none of them sampled.
+    assert!(
+        taken + 20 <= out.completion_tokens as u64,
+        "{taken} steps (prefill included) for {} tokens",
+        out.completion_tokens
+    );
+
+    let mut stream = engine.submit(request(Some(2))).unwrap();
+    let (mut tokens, mut logprobs) = (0, 0);
+    while let Some(event) = stream.blocking_next() {
+        match event {
+            Event::Delta {
+                tokens: t,
+                logprobs: l,
+                ..
+            } => {
+                tokens += t.len();
+                logprobs += l.len();
+            }
+            Event::Finished { reason, .. } => {
+                assert_eq!(reason, FinishReason::Stop);
+                break;
+            }
+            Event::PromptLogprobs(_) => {}
+        }
+    }
+    assert!(
+        tokens > 20 && logprobs == tokens,
+        "{logprobs} log-probabilities for {tokens} tokens"
+    );
+    assert_pool_whole(&engine);
+}
+
 /// A chat prompt of 40 to 100 tokens.
 fn medium_prompt(engine: &EngineHandle) -> Vec<u32> {
     prompts(engine)

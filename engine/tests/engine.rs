@@ -12,6 +12,15 @@ use engine::{
     SamplingParams,
 };
 
+/// `text` as a user's message, rendered by the chat template and encoded for generation.
+fn user_prompt(engine: &EngineHandle, text: &str) -> Vec<u32> {
+    engine
+        .model()
+        .encode_chat(&[ChatMessage::new("user", text)], true)
+        .unwrap()
+        .tokens
+}
+
 /// 16 chat prompts from about 5 to about 400 tokens.
 fn prompts(engine: &EngineHandle) -> Vec<Vec<u32>> {
     let topics = [
@@ -46,17 +55,7 @@ fn prompts(engine: &EngineHandle) -> Vec<Vec<u32>> {
                     .to_vec()
             } else {
                 let context = "Here is some background you may use. ".repeat(i * 3);
-                engine
-                    .model()
-                    .encode_chat(
-                        &[ChatMessage::new(
-                            "user",
-                            format!("{context}Tell me about {topic}."),
-                        )],
-                        true,
-                    )
-                    .unwrap()
-                    .tokens
+                user_prompt(engine, &format!("{context}Tell me about {topic}."))
             }
         })
         .collect()
@@ -169,17 +168,7 @@ fn preemption_by_recompute_changes_no_token() {
 fn stop_string_spanning_two_tokens_ends_generation_unseen() {
     let _serial = serial();
     let engine = EngineHandle::start(&config(64)).unwrap();
-    let prompt = engine
-        .model()
-        .encode_chat(
-            &[ChatMessage::new(
-                "user",
-                "Write two sentences about the sea.",
-            )],
-            true,
-        )
-        .unwrap()
-        .tokens;
+    let prompt = user_prompt(&engine, "Write two sentences about the sea.");
     let free = collect(
         engine
             .submit(GenerateRequest {
@@ -231,11 +220,7 @@ fn stop_string_spanning_two_tokens_ends_generation_unseen() {
 fn max_tokens_and_eos_finish_with_the_right_reason() {
     let _serial = serial();
     let engine = EngineHandle::start(&config(64)).unwrap();
-    let prompt = engine
-        .model()
-        .encode_chat(&[ChatMessage::new("user", "Say hello.")], true)
-        .unwrap()
-        .tokens;
+    let prompt = user_prompt(&engine, "Say hello.");
     let short = collect(
         engine
             .submit(GenerateRequest {
@@ -351,17 +336,10 @@ fn logprobs_come_with_each_token() {
 fn json_mode_produces_a_json_object() {
     let _serial = serial();
     let engine = EngineHandle::start(&config(64)).unwrap();
-    let prompt = engine
-        .model()
-        .encode_chat(
-            &[ChatMessage::new(
-                "user",
-                "Describe a cat as JSON with the keys name, age and colour.",
-            )],
-            true,
-        )
-        .unwrap()
-        .tokens;
+    let prompt = user_prompt(
+        &engine,
+        "Describe a cat as JSON with the keys name, age and colour.",
+    );
     for sampling in [
         SamplingParams::greedy(),
         SamplingParams {
@@ -397,14 +375,7 @@ fn json_mode_produces_a_json_object() {
 fn forced_grammar_text_runs_as_a_chunk_not_a_step_per_token() {
     let _serial = serial();
     let engine = EngineHandle::start(&config(64)).unwrap();
-    let prompt = engine
-        .model()
-        .encode_chat(
-            &[ChatMessage::new("user", "Is the sky blue? Answer as JSON.")],
-            true,
-        )
-        .unwrap()
-        .tokens;
+    let prompt = user_prompt(&engine, "Is the sky blue? Answer as JSON.");
     let schema = serde_json::json!({
         "type": "object",
         "properties": {
@@ -641,14 +612,7 @@ fn a_reader_that_stops_reading_ends_its_request_and_frees_its_blocks() {
         ..config(64)
     })
     .unwrap();
-    let prompt = engine
-        .model()
-        .encode_chat(
-            &[ChatMessage::new("user", "Count from one to a thousand.")],
-            true,
-        )
-        .unwrap()
-        .tokens;
+    let prompt = user_prompt(&engine, "Count from one to a thousand.");
     let stream = engine
         .submit(GenerateRequest {
             sampling: SamplingParams::greedy(),

@@ -753,10 +753,10 @@ impl EngineLoop {
         // What the grammar forces after this token joins it, within the answer's limits.
         let room = (out.max_tokens.saturating_sub(seq.num_generated() + 1))
             .min(context.saturating_sub(seq.tokens().len() + 1));
-        let tokens = match stop {
-            true => vec![token],
-            false => [vec![token], out.sampler.fast_forward(room)].concat(),
-        };
+        let mut tokens = vec![token];
+        if !stop {
+            tokens.extend(out.sampler.fast_forward(room));
+        }
         self.scheduler.append(id, &tokens);
         if stop {
             return self.finish(id, FinishReason::Stop, None);
@@ -778,9 +778,10 @@ impl EngineLoop {
                 break;
             }
         }
+        tokens.truncate(released);
         let _ = out.events.try_send(Event::Delta {
             text,
-            tokens: tokens[..released].to_vec(),
+            tokens,
             logprobs: sampled.logprob.into_iter().collect(),
         });
         if stopped {

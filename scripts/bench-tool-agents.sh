@@ -25,9 +25,10 @@ MAX_TOKENS=${MAX_TOKENS:-48}
 TOOL_WORDS=${TOOL_WORDS:-120}
 POOL_BLOCKS=${POOL_BLOCKS:-1800}
 PORT=${PORT:-8095}
-# With run scheduling, runs in progress at once. On 2 cores, with jump-forward decoding leaving
-# few decode steps, 6 keeps the engine as busy as 12 while each follow-up waits behind fewer
-# others (6: follow-up TTFT 0.41-0.46x of "off", JCT 0.60-0.65x; 12: 0.41-0.63x and 0.59-0.73x).
+# With run scheduling, runs in progress at once. On 2 cores each follow-up then waits behind
+# fewer others; the whole job takes longer than with 12 (more, smaller steps), but the median run
+# finishes about as soon (6: follow-up TTFT 0.41-0.46x of "off", JCT 0.60-0.65x; 12: 0.41-0.63x
+# and 0.59-0.73x).
 ACTIVE_RUNS=${ACTIVE_RUNS:-6}
 mkdir -p "$OUT"
 

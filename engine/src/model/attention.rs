@@ -43,9 +43,13 @@ pub struct SeqSlice {
     pub blocks: Vec<BlockId>,
 }
 
+/// Consecutive tokens of one sequence attended together: each key and value vector read (and
+/// widened) once serves all of their query heads.
+const TILE: usize = 16;
+
 /// `q` is `[tokens, n_heads * head_dim]`; writes `out` of the same shape. `keys` and `values`
 /// are one layer of a cache held as arrays, laid out as `layout` says, with the current tokens'
-/// keys and values already in place.
+/// keys and values already in place. `seqs` cover the batch's rows in order.
 pub fn paged_attention(
     q: &[f32],
     (keys, values, layout): (&[f16], &[f16], &KvLayout),
@@ -53,38 +57,60 @@ pub fn paged_attention(
     n_heads: usize,
     out: &mut [f32],
 ) {
-    let hd = layout.head_dim;
+    let (hd, bs) = (layout.head_dim, layout.block_size);
     let group = n_heads / layout.n_kv_heads;
     let row = n_heads * hd;
     let scale = 1.0 / (hd as f32).sqrt();
-    // (sequence, position) of every token row.
-    let rows: Vec<(usize, usize)> = seqs
+    debug_assert_eq!(seqs.iter().map(|s| s.len).sum::<usize>() * row, q.len());
+    // Where each position's vector starts for KV head 0 (head g is `g * bs * hd` on), per
+    // sequence.
+    let at: Vec<Vec<usize>> = seqs
+        .iter()
+        .map(|seq| {
+            (0..seq.pos0 + seq.len)
+                .map(|j| layout.offset(seq.blocks[j / bs], 0, j % bs))
+                .collect()
+        })
+        .collect();
+    // (sequence, first token, end) of every tile, and its rows of `out`.
+    let tiles: Vec<(usize, usize, usize)> = seqs
         .iter()
         .enumerate()
-        .flat_map(|(s, seq)| (0..seq.len).map(move |i| (s, seq.pos0 + i)))
+        .flat_map(|(s, seq)| {
+            (0..seq.len)
+                .step_by(TILE)
+                .map(move |t0| (s, t0, (t0 + TILE).min(seq.len)))
+        })
         .collect();
-    debug_assert_eq!(rows.len() * row, q.len());
-    out.par_chunks_mut(row)
-        .zip(q.par_chunks(row))
-        .zip(rows.par_iter())
-        .for_each(|((out, q), &(s, pos))| {
-            let blocks = &seqs[s].blocks;
-            let bs = layout.block_size;
-            // Where each position's vector starts for KV head 0; head g is `g * bs * hd` on.
-            let at: Vec<usize> = (0..=pos)
-                .map(|j| layout.offset(blocks[j / bs], 0, j % bs))
-                .collect();
-            let mut scores = vec![0f32; group * at.len()];
+    let mut parts = Vec::with_capacity(tiles.len());
+    let mut rest = out;
+    for &(_, t0, t1) in &tiles {
+        let (part, tail) = rest.split_at_mut((t1 - t0) * row);
+        parts.push(part);
+        rest = tail;
+    }
+    parts
+        .into_par_iter()
+        .zip(tiles.par_iter())
+        .for_each(|(out, &(s, t0, t1))| {
+            let seq = &seqs[s];
+            let q = &q[(seq.start + t0) * row..(seq.start + t1) * row];
             for g in 0..layout.n_kv_heads {
                 let head = KvHead {
                     keys,
                     values,
-                    at: &at,
+                    at: &at[s][..seq.pos0 + t1],
                     shift: g * bs * hd,
                     hd,
                 };
-                let span = g * group * hd..(g + 1) * group * hd;
-                attend(&q[span.clone()], &mut out[span], &head, scale, &mut scores);
+                let tile = Tile {
+                    stride: row,
+                    offset: g * group * hd,
+                    group,
+                    tokens: t1 - t0,
+                    ctx0: seq.pos0 + t0 + 1,
+                };
+                attend(q, out, &tile, &head, scale);
             }
         });
 }
@@ -99,22 +125,71 @@ struct KvHead<'a> {
     hd: usize,
 }
 
-/// The query heads `qg` (a group sharing `head`) attend to every position of `head`, writing
-/// `og`; `scores` is scratch of one row per query head. The AVX-512 path gives bit-identical
-/// results to the portable one: the same fused multiply-adds in the same order per lane, the
-/// same reduction tree.
-fn attend(qg: &[f32], og: &mut [f32], head: &KvHead, scale: f32, scores: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if head.hd.is_multiple_of(LANES) && std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the feature was just detected; every position's vector lies in the arrays
-        // (the layout's offsets).
-        unsafe { avx512::attend(qg, og, head, scale, scores) };
-        return;
-    }
-    portable_attend(qg, og, head, scale, scores)
+/// The query rows of a tile that read one KV head: token `t`'s head `h` (of `group`) is at
+/// `t * stride + offset + h * hd` in the query and output arrays, and sees the first `ctx0 + t`
+/// positions.
+struct Tile {
+    stride: usize,
+    offset: usize,
+    group: usize,
+    tokens: usize,
+    ctx0: usize,
 }
 
-/// The reference semantics of [`attend`].
+impl Tile {
+    /// Where token `t`'s group of query heads starts.
+    fn at(&self, t: usize) -> usize {
+        t * self.stride + self.offset
+    }
+}
+
+/// The tile's query rows attend to their positions of `head`, writing theirs of `out`. The
+/// AVX-512 path gives bit-identical results to the portable one (the same fused multiply-adds
+/// in the same order per lane, the same reduction tree), so a token's result does not depend
+/// on the tile it is in.
+fn attend(q: &[f32], out: &mut [f32], tile: &Tile, head: &KvHead, scale: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if head.hd.is_multiple_of(LANES) && std::arch::is_x86_feature_detected!("avx512f") {
+        SCRATCH.with_borrow_mut(|scratch| {
+            // SAFETY: the feature was just detected; every position's vector lies in the
+            // arrays (the layout's offsets), every row in `q` and `out`.
+            unsafe { avx512::attend(q, out, tile, head, scale, scratch) }
+        });
+        return;
+    }
+    portable_tile(q, out, tile, head, scale)
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// Scores and widened keys of the tile in progress, kept for the thread's next.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The reference semantics of [`attend`], a token at a time.
+fn portable_tile(q: &[f32], out: &mut [f32], tile: &Tile, head: &KvHead, scale: f32) {
+    let span = tile.group * head.hd;
+    let mut scores = Vec::new();
+    for t in 0..tile.tokens {
+        let ctx = tile.ctx0 + t;
+        scores.resize(tile.group * ctx, 0.0);
+        let head = KvHead {
+            at: &head.at[..ctx],
+            ..*head
+        };
+        let at = tile.at(t);
+        portable_attend(
+            &q[at..at + span],
+            &mut out[at..at + span],
+            &head,
+            scale,
+            &mut scores,
+        );
+    }
+}
+
+/// One token's query heads `qg` (a group sharing `head`) attend to every position of `head`,
+/// writing `og`; `scores` is scratch of one row per query head.
 fn portable_attend(qg: &[f32], og: &mut [f32], head: &KvHead, scale: f32, scores: &mut [f32]) {
     let (hd, ctx) = (head.hd, head.at.len());
     let group = qg.len() / hd;
@@ -213,7 +288,7 @@ fn lanes(s: &[f32], init: f32, op: impl Fn(f32, f32) -> f32) -> ([f32; LANES], &
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{softmax_rows, KvHead, LANES};
+    use super::{softmax_rows, KvHead, Tile, LANES};
     use half::f16;
     use std::arch::x86_64::*;
 
@@ -223,54 +298,187 @@ mod avx512 {
         _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
     }
 
-    /// [`super::portable_attend`] for a head size that is a multiple of 16: a score is one
-    /// register of 16 partial sums reduced by the same tree as [`super::dot`]; each query head's
-    /// output is accumulated in registers over the positions instead of in memory.
+    /// [`super::portable_tile`] for a head size that is a multiple of 16. Scores: each block of
+    /// 16 positions' keys is widened once into `scratch`, then every query row of the tile takes
+    /// its 16 scores as 16 registers of partial sums, reduced together by [`tree16`] (each lane
+    /// the tree of [`super::dot`]). Values: rows six at a time accumulate their outputs in
+    /// registers over the positions, each value vector read once for the six.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn attend(
-        qg: &[f32],
-        og: &mut [f32],
+        q: &[f32],
+        out: &mut [f32],
+        tile: &Tile,
         head: &KvHead,
         scale: f32,
-        scores: &mut [f32],
+        scratch: &mut Vec<f32>,
     ) {
-        let (hd, ctx) = (head.hd, head.at.len());
-        let (group, chunks) = (qg.len() / hd, hd / LANES);
-        debug_assert!(og.len() == qg.len() && scores.len() >= group * ctx);
+        let (hd, group) = (head.hd, tile.group);
+        let rows = tile.tokens * group;
+        let ctx_max = tile.ctx0 + tile.tokens - 1;
+        debug_assert!(head.at.len() >= ctx_max);
+        debug_assert!(tile.at(tile.tokens - 1) + group * hd <= q.len().min(out.len()));
         debug_assert!(head
             .at
             .iter()
             .all(|&at| { at + head.shift + hd <= head.keys.len().min(head.values.len()) }));
-        match chunks {
-            4 => score::<4>(qg, head, scale, scores),
-            8 => score::<8>(qg, head, scale, scores),
-            _ => score::<0>(qg, head, scale, scores),
+        let width = ctx_max.next_multiple_of(LANES);
+        scratch.clear();
+        scratch.resize(rows * width + LANES * hd, 0.0);
+        let (scores, wide) = scratch.split_at_mut(rows * width);
+        // Row `r` is token `r / group`'s query head `r % group`.
+        let row_at = |r: usize| tile.at(r / group) + (r % group) * hd;
+        let ctx = |r: usize| tile.ctx0 + r / group;
+        let keys = head.keys.as_ptr().add(head.shift);
+        for jb in (0..ctx_max).step_by(LANES) {
+            let n = (ctx_max - jb).min(LANES);
+            for (i, dst) in wide.chunks_exact_mut(hd).enumerate() {
+                let dst = dst.as_mut_ptr();
+                for c in 0..hd / LANES {
+                    let v = match i < n {
+                        true => load(keys.add(head.at[jb + i] + c * LANES)),
+                        false => _mm512_setzero_ps(),
+                    };
+                    _mm512_storeu_ps(dst.add(c * LANES), v);
+                }
+            }
+            // The rows whose context reaches this block.
+            let first = (jb + 1).saturating_sub(tile.ctx0) * group;
+            for r in first..rows {
+                let (q, dst) = (
+                    q.as_ptr().add(row_at(r)),
+                    scores.as_mut_ptr().add(r * width + jb),
+                );
+                match hd / LANES {
+                    4 => score::<4>(q, wide, hd, scale, dst),
+                    _ => score::<0>(q, wide, hd, scale, dst),
+                }
+            }
         }
-        let values = head.values.as_ptr();
-        softmax_rows(&mut scores[..group * ctx], ctx);
-        for h in 0..group {
-            let p = &scores[h * ctx..(h + 1) * ctx];
-            let o = og.as_mut_ptr().add(h * hd);
+        for r in 0..rows {
+            softmax_rows(&mut scores[r * width..r * width + ctx(r)], ctx(r));
+        }
+        let values = head.values.as_ptr().add(head.shift);
+        let mut r0 = 0;
+        while r0 < rows {
+            let take = (rows - r0).min(6);
             let mut c = 0;
-            while c + 4 <= chunks {
-                accumulate::<4>(
-                    p,
-                    head,
-                    values.add(head.shift + c * LANES),
-                    o.add(c * LANES),
-                );
-                c += 4;
+            while c < hd / LANES {
+                let w = if hd / LANES - c >= 4 { 4 } else { 1 };
+                let job = Job {
+                    scores: scores.as_ptr(),
+                    values: values.add(c * LANES),
+                    at: head.at,
+                };
+                let rows_at = |i: usize| {
+                    let r = r0 + i;
+                    (
+                        r * width,
+                        ctx(r),
+                        out.as_mut_ptr().add(row_at(r) + c * LANES),
+                    )
+                };
+                match (take, w) {
+                    (6, 4) => job.run::<6, 4>(std::array::from_fn(rows_at)),
+                    (6, _) => job.run::<6, 1>(std::array::from_fn(rows_at)),
+                    (5, 4) => job.run::<5, 4>(std::array::from_fn(rows_at)),
+                    (5, _) => job.run::<5, 1>(std::array::from_fn(rows_at)),
+                    (4, 4) => job.run::<4, 4>(std::array::from_fn(rows_at)),
+                    (4, _) => job.run::<4, 1>(std::array::from_fn(rows_at)),
+                    (3, 4) => job.run::<3, 4>(std::array::from_fn(rows_at)),
+                    (3, _) => job.run::<3, 1>(std::array::from_fn(rows_at)),
+                    (2, 4) => job.run::<2, 4>(std::array::from_fn(rows_at)),
+                    (2, _) => job.run::<2, 1>(std::array::from_fn(rows_at)),
+                    (_, 4) => job.run::<1, 4>(std::array::from_fn(rows_at)),
+                    (_, _) => job.run::<1, 1>(std::array::from_fn(rows_at)),
+                }
+                c += w;
             }
-            while c < chunks {
-                accumulate::<1>(
-                    p,
-                    head,
-                    values.add(head.shift + c * LANES),
-                    o.add(c * LANES),
-                );
-                c += 1;
+            r0 += take;
+        }
+    }
+
+    /// One query row's scores against 16 positions whose keys are widened in `wide` (a
+    /// position every `hd`), scaled, stored at `dst`: `C` chunks of 16 per head (0: the head's
+    /// own count, unknown when compiled).
+    #[target_feature(enable = "avx512f")]
+    unsafe fn score<const C: usize>(
+        q: *const f32,
+        wide: &[f32],
+        hd: usize,
+        scale: f32,
+        dst: *mut f32,
+    ) {
+        let chunks = if C == 0 { hd / LANES } else { C };
+        let wide = wide.as_ptr();
+        let mut acc = [_mm512_setzero_ps(); LANES];
+        for c in 0..chunks {
+            let a = _mm512_loadu_ps(q.add(c * LANES));
+            for (j, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm512_fmadd_ps(a, _mm512_loadu_ps(wide.add(j * hd + c * LANES)), *acc);
             }
         }
+        // `dot`'s empty tail (+ 0), then the scale.
+        let sums = _mm512_add_ps(tree16(&acc), _mm512_setzero_ps());
+        _mm512_storeu_ps(dst, _mm512_mul_ps(sums, _mm512_set1_ps(scale)));
+    }
+
+    /// Lane `i`: the sum of the 16 lanes of `acc[i]` by [`super::fold_lanes`]'s tree (lane `l`
+    /// plus lane `l + 8`, then + 4, + 2, + 1), for the 16 at once: at each level, two registers'
+    /// partial sums are packed into one, first halves with first halves, and added to the
+    /// second halves.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tree16(acc: &[__m512; LANES]) -> __m512 {
+        // The inputs in the order that leaves lane `i` with `acc[i]`'s sum.
+        let b = [
+            fold8(acc[0], acc[4]),
+            fold8(acc[8], acc[12]),
+            fold8(acc[1], acc[5]),
+            fold8(acc[9], acc[13]),
+            fold8(acc[2], acc[6]),
+            fold8(acc[10], acc[14]),
+            fold8(acc[3], acc[7]),
+            fold8(acc[11], acc[15]),
+        ];
+        let c = [
+            fold4(b[0], b[1]),
+            fold4(b[2], b[3]),
+            fold4(b[4], b[5]),
+            fold4(b[6], b[7]),
+        ];
+        let d = [fold2(c[0], c[1]), fold2(c[2], c[3])];
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0b10_00_10_00>(d[0], d[1]),
+            _mm512_shuffle_ps::<0b11_01_11_01>(d[0], d[1]),
+        )
+    }
+
+    /// 16 sums each of `a` and `b` to 8 (lane `l` plus lane `l + 8`): `a`'s in the low half.
+    #[inline(always)]
+    unsafe fn fold8(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+        )
+    }
+
+    /// Two registers of two 8-sums each to four registers' 4-sums (`l` plus `l + 4`), one per
+    /// 128-bit lane.
+    #[inline(always)]
+    unsafe fn fold4(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+        )
+    }
+
+    /// In each 128-bit lane, the 4-sums of `a` and `b` to 2-sums (`l` plus `l + 2`), `a`'s
+    /// first.
+    #[inline(always)]
+    unsafe fn fold2(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0b01_00_01_00>(a, b),
+            _mm512_shuffle_ps::<0b11_10_11_10>(a, b),
+        )
     }
 
     /// Positions ahead whose vectors are fetched into the cache while this one is used: the
@@ -285,57 +493,48 @@ mod avx512 {
         }
     }
 
-    /// Every query head's score against every position: `C` chunks of 16 per head (0: the
-    /// head's own count, unknown when compiled).
-    #[target_feature(enable = "avx512f")]
-    unsafe fn score<const C: usize>(qg: &[f32], head: &KvHead, scale: f32, scores: &mut [f32]) {
-        let (hd, ctx) = (head.hd, head.at.len());
-        let (group, chunks) = (qg.len() / hd, if C == 0 { hd / LANES } else { C });
-        let (keys, q) = (head.keys.as_ptr(), qg.as_ptr());
-        for (j, &at) in head.at.iter().enumerate() {
-            if let Some(&next) = head.at.get(j + AHEAD) {
-                prefetch(keys.add(next + head.shift), hd * 2);
-            }
-            let k = keys.add(at + head.shift);
-            for h in 0..group {
-                let qh = q.add(h * hd);
-                let mut acc = _mm512_setzero_ps();
-                for c in 0..chunks {
-                    let (a, b) = (_mm512_loadu_ps(qh.add(c * LANES)), load(k.add(c * LANES)));
-                    acc = _mm512_fmadd_ps(a, b, acc);
+    /// The values side of a tile: probabilities (rows in `scores`) times value vectors (at
+    /// `values + at[j]`, 16 lanes per chunk from there).
+    struct Job<'a> {
+        scores: *const f32,
+        values: *const f16,
+        at: &'a [usize],
+    }
+
+    impl Job<'_> {
+        /// For `R` rows, each `(its scores' start, its context, its output)`: output chunks
+        /// `0..W` are `sum_j p[j] * v_j` in position order, each value chunk read once for the
+        /// `R` rows.
+        #[target_feature(enable = "avx512f")]
+        unsafe fn run<const R: usize, const W: usize>(&self, rows: [(usize, usize, *mut f32); R]) {
+            let mut acc = [[_mm512_setzero_ps(); W]; R];
+            let longest = rows.iter().map(|r| r.1).max().unwrap_or(0);
+            for j in 0..longest {
+                if let Some(&next) = self.at.get(j + AHEAD) {
+                    prefetch(self.values.add(next), W * LANES * 2);
                 }
-                *scores.get_unchecked_mut(h * ctx + j) = reduce(acc) * scale;
+                let at = *self.at.get_unchecked(j);
+                let mut v = [_mm512_setzero_ps(); W];
+                for (w, v) in v.iter_mut().enumerate() {
+                    *v = load(self.values.add(at + w * LANES));
+                }
+                for (acc, &(p, ctx, _)) in acc.iter_mut().zip(&rows) {
+                    // Rows of later tokens see more positions.
+                    if j >= ctx {
+                        continue;
+                    }
+                    let pj = _mm512_set1_ps(*self.scores.add(p + j));
+                    for (acc, v) in acc.iter_mut().zip(&v) {
+                        *acc = _mm512_fmadd_ps(pj, *v, *acc);
+                    }
+                }
+            }
+            for (acc, &(_, _, o)) in acc.iter().zip(&rows) {
+                for (w, acc) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(o.add(w * LANES), *acc);
+                }
             }
         }
-    }
-
-    /// `o[0..16 * N] = sum_j p[j] * v_j[0..16 * N]`, in position order, `v_j` at `v + at[j]`.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn accumulate<const N: usize>(p: &[f32], head: &KvHead, v: *const f16, o: *mut f32) {
-        let mut acc = [_mm512_setzero_ps(); N];
-        for (j, (&pj, &at)) in p.iter().zip(head.at).enumerate() {
-            if let Some(&next) = head.at.get(j + AHEAD) {
-                prefetch(v.add(next), N * LANES * 2);
-            }
-            let pj = _mm512_set1_ps(pj);
-            for (i, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm512_fmadd_ps(pj, load(v.add(at + i * LANES)), *acc);
-            }
-        }
-        for (i, acc) in acc.iter().enumerate() {
-            _mm512_storeu_ps(o.add(i * LANES), *acc);
-        }
-    }
-
-    /// The sum of the 16 lanes by [`super::fold_lanes`]'s tree, then [`super::dot`]'s (empty)
-    /// tail.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn reduce(acc: __m512) -> f32 {
-        let s = _mm512_add_ps(acc, _mm512_shuffle_f32x4::<0b11_10_11_10>(acc, acc));
-        let s = _mm512_add_ps(s, _mm512_shuffle_f32x4::<0b01_01_01_01>(s, s));
-        let s = _mm512_add_ps(s, _mm512_permute_ps::<0b11_10_11_10>(s));
-        let s = _mm512_add_ps(s, _mm512_permute_ps::<0b01_01_01_01>(s));
-        _mm512_cvtss_f32(s) + 0f32
     }
 }
 
@@ -657,7 +856,8 @@ mod tests {
         assert_eq!(sum(&s), s.iter().sum::<f32>());
     }
 
-    /// The AVX-512 path is the portable loop, bit for bit, for every head size it takes.
+    /// The AVX-512 path is the portable loop, bit for bit, for every head size it takes and
+    /// tiles of one to sixteen tokens (so a token's result does not depend on its tile).
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_simd_attention_is_the_portable_loop_bit_for_bit() {
@@ -665,13 +865,17 @@ mod tests {
             return;
         }
         let val = |a: usize, b: usize| ((a * 7919 + b * 104_729) % 1009) as f32 / 500.0 - 1.0;
-        for (hd, group, ctx) in [
-            (16, 1, 1),
-            (64, 3, 37),
-            (64, 4, 300),
-            (128, 2, 65),
-            (48, 3, 20),
+        for (hd, group, tokens, ctx0) in [
+            (16, 1, 1, 1),
+            (64, 3, 1, 37),
+            (64, 3, 16, 1),
+            (64, 3, 16, 300),
+            (64, 4, 5, 20),
+            (128, 2, 7, 65),
+            (48, 3, 3, 20),
+            (256, 4, 3, 40),
         ] {
+            let ctx = ctx0 + tokens - 1;
             let len = ctx * hd * 3 + 5;
             let keys: Vec<f16> = (0..len).map(|i| f16::from_f32(val(i, 1))).collect();
             let values: Vec<f16> = (0..len).map(|i| f16::from_f32(val(i, 2))).collect();
@@ -684,18 +888,27 @@ mod tests {
                 shift: hd,
                 hd,
             };
-            let q: Vec<f32> = (0..group * hd).map(|i| val(i, 3)).collect();
+            // The second of two KV heads' groups, in rows of both.
+            let tile = Tile {
+                stride: 2 * group * hd,
+                offset: group * hd,
+                group,
+                tokens,
+                ctx0,
+            };
+            let q: Vec<f32> = (0..tokens * tile.stride).map(|i| val(i, 3)).collect();
             let (mut simd, mut portable) = (vec![0f32; q.len()], vec![0f32; q.len()]);
-            let mut scores = vec![0f32; group * ctx];
+            let mut scratch = Vec::new();
             // SAFETY: detected above; every vector lies in the arrays.
-            unsafe { avx512::attend(&q, &mut simd, &head, 0.125, &mut scores) };
-            portable_attend(&q, &mut portable, &head, 0.125, &mut scores);
+            unsafe { avx512::attend(&q, &mut simd, &tile, &head, 0.125, &mut scratch) };
+            portable_tile(&q, &mut portable, &tile, &head, 0.125);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(
                 bits(&simd),
                 bits(&portable),
-                "hd {hd} group {group} ctx {ctx}"
+                "hd {hd} group {group} tokens {tokens} ctx0 {ctx0}"
             );
+            assert!(portable[tile.offset..].iter().any(|&x| x != 0.0));
         }
     }
 

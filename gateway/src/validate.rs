@@ -758,6 +758,19 @@ mod tests {
         assert!(valid
             .prompt
             .contains(r#""name":"get_weather","tool_call_id":"call_1""#));
+        // A call cut short (its arguments not JSON) reads as the model wrote it.
+        let call = |arguments: &str| crate::api::tools::ToolCall {
+            id: "call_2".into(),
+            kind: "function".into(),
+            function: crate::api::tools::FunctionCall {
+                name: "get_weather".into(),
+                arguments: arguments.into(),
+            },
+        };
+        assert_eq!(
+            structured::render_calls(&[call(r#"{"city": "Par"#)]),
+            r#"{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Par}]}"#
+        );
         assert_eq!(
             rejected_param(json!({"messages": [
                 {"role": "user", "content": "Hi"},

@@ -521,18 +521,20 @@ fn tool_choice(choice: Option<&Value>, functions: &[Function]) -> Result<Choice,
 }
 
 /// An assistant message's tool calls in the envelope the model itself writes, byte for byte,
-/// so that it sees its earlier calls as it made them.
+/// so that it sees its earlier calls as it made them (and its KV cache covers them): arguments
+/// that are not JSON (a call cut short by `max_tokens`) as they were written.
 pub fn render_calls(calls: &[ToolCall]) -> String {
     let calls: Vec<String> = calls
         .iter()
         .map(|c| {
-            let arguments = serde_json::from_str::<Value>(&c.function.arguments)
-                .unwrap_or_else(|_| json!(c.function.arguments));
             let mut call = format!(
                 "{{\"name\": {}, \"arguments\": ",
                 Value::from(c.function.name.as_str())
             );
-            write_spaced(&arguments, &mut call);
+            match serde_json::from_str::<Value>(&c.function.arguments) {
+                Ok(arguments) => write_spaced(&arguments, &mut call),
+                Err(_) => call.push_str(&c.function.arguments),
+            }
             call.push('}');
             call
         })

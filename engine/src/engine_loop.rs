@@ -484,6 +484,19 @@ impl EngineLoop {
         if let Some(constraint) = constraint {
             sampler = sampler.with_constraint(constraint, self.eos[0]);
         }
+        // What the grammar forces before anything is sampled (a tool-call envelope's opening)
+        // is the answer's start: it is prefilled with the prompt instead of decoded a token at a
+        // time. At least one token is left to sample; a prompt to be scored reports its
+        // log-probabilities before any answer, so its answer starts after the prefill.
+        let context = self.model.config().context_length;
+        let room = match request.prompt_logprobs {
+            Some(_) => 0,
+            None => request
+                .max_tokens
+                .saturating_sub(1)
+                .min(context.saturating_sub(prompt.len() + 1)),
+        };
+        let forced = sampler.fast_forward(room);
         self.outputs.insert(
             id,
             Output {
@@ -526,11 +539,15 @@ impl EngineLoop {
         let table = self.scheduler.kv().table().salted(request.cache_salt);
         let mut seq = Sequence::new(id, prompt, table, request.priority, arrival)
             .in_run(run_arrival)
-            .expecting(expected);
+            .expecting(expected)
+            .answer_starting(&forced);
         if request.prompt_logprobs.is_some() {
             seq = seq.with_prompt_logprobs();
         }
         self.scheduler.add(seq);
+        if !forced.is_empty() {
+            self.emit(id, forced, Vec::new());
+        }
     }
 
     /// Drops cancelled requests, and ends expired ones and those whose reader stopped reading
@@ -761,6 +778,15 @@ impl EngineLoop {
         if stop {
             return self.finish(id, FinishReason::Stop, None);
         }
+        self.emit(id, tokens, sampled.logprob.into_iter().collect());
+    }
+
+    /// Tells the client of a sequence's new tokens (cut at a stop string), and ends the sequence
+    /// when they stop it or reach its length limit.
+    fn emit(&mut self, id: RequestId, mut tokens: Vec<u32>, logprobs: Vec<TokenLogprob>) {
+        let Some(out) = self.outputs.get_mut(&id) else {
+            return;
+        };
         let (mut text, mut released, mut stopped) = (String::new(), 0, false);
         for &t in &tokens {
             match out.text.push(t) {
@@ -782,7 +808,7 @@ impl EngineLoop {
         let _ = out.events.try_send(Event::Delta {
             text,
             tokens,
-            logprobs: sampled.logprob.into_iter().collect(),
+            logprobs,
         });
         if stopped {
             return self.finish(id, FinishReason::Stop, None);
@@ -790,8 +816,10 @@ impl EngineLoop {
         let seq = self
             .scheduler
             .get(id)
-            .expect("a sampled sequence is running");
-        if seq.num_generated() >= out.max_tokens || seq.tokens().len() >= context {
+            .expect("an emitting sequence is in the scheduler");
+        if seq.num_generated() >= out.max_tokens
+            || seq.tokens().len() >= self.model.config().context_length
+        {
             self.finish(id, FinishReason::Length, None);
         }
     }

@@ -365,8 +365,7 @@ impl Scheduler {
     /// Whether admitting `seq` would start a run: it is no later turn of a run in progress,
     /// and no sequence put back after it had begun.
     fn starts_run(&self, seq: &Sequence) -> bool {
-        seq.swapped.is_none()
-            && seq.num_generated() == 0
+        !seq.was_admitted()
             && !self.paused_runs.contains(&seq.run_arrival)
             && !self
                 .running
@@ -595,9 +594,11 @@ mod tests {
     fn a_limit_on_runs_in_progress_holds_back_new_runs_not_later_turns() {
         let mut s = scheduler(256, 64);
         s.config.max_active_runs = Some(2);
-        // Runs a (first arrival 1) and b (2) start; c (3) and a run-less request (4) wait.
+        // Runs a (first arrival 1) and b (2) start; c (3) and a run-less request (4) wait,
+        // c although its answer starts with forced tokens (it is not a turn that had begun).
         for (id, run) in [(1, 1), (2, 2), (3, 3), (4, 4)] {
-            s.add(seq(&s, id, 4, 0).in_run(run));
+            let forced: &[u32] = if id == 3 { &[7, 8] } else { &[] };
+            s.add(seq(&s, id, 4, 0).in_run(run).answer_starting(forced));
         }
         assert_eq!(step(&mut s).admitted, [RequestId(1), RequestId(2)]);
         // a's turn ends in a tool call: a is still in progress, and its next turn goes in while

@@ -74,6 +74,13 @@ impl Sequence {
         self
     }
 
+    /// The same sequence, its answer starting with `tokens` (forced, not sampled): they are
+    /// computed with the prompt.
+    pub fn answer_starting(mut self, tokens: &[u32]) -> Self {
+        self.tokens.extend_from_slice(tokens);
+        self
+    }
+
     /// The same sequence, with its prompt to be scored.
     pub fn with_prompt_logprobs(mut self) -> Self {
         self.prompt_logprobs = true;
@@ -108,6 +115,11 @@ impl Sequence {
     /// Prompt tokens the prefix cache supplied (0 before admission).
     pub fn cached_tokens(&self) -> usize {
         self.cached_tokens.unwrap_or(0)
+    }
+
+    /// Whether it has been admitted before (it may since have been preempted).
+    pub fn was_admitted(&self) -> bool {
+        self.cached_tokens.is_some()
     }
 
     /// Takes what the prefix cache holds of this sequence's tokens, as already computed.

@@ -400,27 +400,54 @@ fn forced_grammar_text_runs_as_a_chunk_not_a_step_per_token() {
     };
     let steps = || engine.stats().steps.load(Ordering::Relaxed);
     let before = steps();
-    let out = collect(engine.submit(request(None)).unwrap());
+    let mut stream = engine.submit(request(None)).unwrap();
+    let (mut text, mut tokens, mut deltas) = (Vec::new(), Vec::new(), 0u64);
+    let (reason, completion_tokens) = loop {
+        match stream
+            .blocking_next()
+            .expect("the stream ends with Finished")
+        {
+            Event::Delta {
+                text: t,
+                tokens: ids,
+                ..
+            } => {
+                text.push(t);
+                tokens.extend(ids);
+                deltas += 1;
+            }
+            Event::Finished { reason, usage, .. } => break (reason, usage.completion_tokens),
+            Event::PromptLogprobs(_) => panic!("no prompt log-probabilities were asked for"),
+        }
+    };
     let taken = steps() - before;
-    assert_eq!(out.reason, FinishReason::Stop, "{:?}", out.text);
-    let value: serde_json::Value = serde_json::from_str(&out.text)
-        .unwrap_or_else(|e| panic!("{:?} is not JSON: {e}", out.text));
+    assert_eq!(
+        text[0], r#"{"the_answer_to_the_question_in_one_word":"#,
+        "the grammar's forced opening comes first, whole"
+    );
+    // The opening is computed with the prompt: the first step samples after it, and each
+    // step samples one token (the end of sequence too, which is not streamed), so there is
+    // one step per delta after the first, and the last.
+    assert_eq!(taken, deltas, "the opening was prefilled, not decoded");
+    let text = text.concat();
+    assert_eq!(reason, FinishReason::Stop, "{text:?}");
+    let value: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?} is not JSON: {e}"));
     assert_eq!(value.as_object().map(|o| o.len()), Some(2), "{value}");
     assert_eq!(
-        out.tokens.len() + 1,
-        out.completion_tokens,
+        tokens.len() + 1,
+        completion_tokens,
         "every token is streamed but the end of sequence"
     );
     assert_eq!(
-        engine.model().tokenizer.decode(&out.tokens, true).unwrap(),
-        out.text,
+        engine.model().tokenizer.decode(&tokens, true).unwrap(),
+        text,
         "the streamed tokens spell the text"
     );
     // The two keys alone are well over 20 tokens, none of them sampled.
     assert!(
-        taken + 20 <= out.completion_tokens as u64,
-        "{taken} steps (prefill included) for {} tokens",
-        out.completion_tokens
+        taken + 20 <= completion_tokens as u64,
+        "{taken} steps (prefill included) for {completion_tokens} tokens"
     );
 
     let mut stream = engine.submit(request(Some(2))).unwrap();

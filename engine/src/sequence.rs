@@ -135,9 +135,10 @@ impl Sequence {
     }
 
     /// The sequence was admitted with `hit` from the prefix cache; the first admission is what
-    /// its usage reports.
+    /// its usage reports, of its prompt (a hit may reach into a forced answer start).
     pub(crate) fn admitted_with(&mut self, hit: PrefixHit) {
-        self.cached_tokens.get_or_insert(hit.tokens());
+        self.cached_tokens
+            .get_or_insert(hit.tokens().min(self.prompt_len));
     }
 
     /// Tokens still to run through the model before the next one can be sampled: 1 while

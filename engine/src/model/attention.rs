@@ -7,17 +7,19 @@
 //! depends only on its own query and its own sequence's cache (fixed summation order), which
 //! keeps decoding batch-invariant.
 //!
-//! Grouped-query attention: the query heads sharing a KV head are processed together, so each
-//! key vector is read from memory once per group. Work is split across threads by token. The
-//! cache holds f16 (as llama.cpp's does); each key and value is widened to f32 as it is read,
-//! exactly, and everything after is f32.
+//! Grouped-query attention: the query heads sharing a KV head are processed together. Work is
+//! split across threads by tile: up to 16 consecutive tokens of one sequence. The cache holds
+//! f16 (as llama.cpp's does); each key and value is widened to f32 as it is read, exactly, and
+//! everything after is f32. The portable loop, the reference, takes a token at a time.
 //!
-//! On x86-64 with AVX-512 and a head size that is a multiple of 16, the same loop runs on 16-lane
-//! registers, bit for bit the portable one (the same fused multiply-adds per lane, the same
-//! reduction tree): each query head's output accumulates in registers over the positions, and
-//! the vectors a few positions ahead are prefetched, since a sequence's blocks are scattered.
-//! The softmax is shared and written to vectorize (a polynomial exponential within 2 ulp of
-//! libm's, sums in 16 fixed lanes).
+//! On x86-64 with AVX-512 and a head size that is a multiple of 16, a tile runs on 16-lane
+//! registers, bit for bit the portable loop for each of its tokens (the same fused
+//! multiply-adds per lane, the same reduction tree), so a token's result does not depend on its
+//! tile: each block of keys is widened once for all of the tile's query rows, each row's 16
+//! scores are reduced together, and six rows' outputs accumulate in registers over the
+//! positions, each value vector read once for the six and prefetched a few positions ahead,
+//! since a sequence's blocks are scattered. The softmax is shared and written to vectorize (a
+//! polynomial exponential within 2 ulp of libm's, sums in 16 fixed lanes).
 //!
 //! [`paged_attention_ops`] is the device path's attention, over a cache held as tensors: built
 //! from candle operations (gather the blocks, batched matmuls, a causal mask, softmax, a second
@@ -377,19 +379,9 @@ mod avx512 {
                         out.as_mut_ptr().add(row_at(r) + c * LANES),
                     )
                 };
-                match (take, w) {
-                    (6, 4) => job.run::<6, 4>(std::array::from_fn(rows_at)),
-                    (6, _) => job.run::<6, 1>(std::array::from_fn(rows_at)),
-                    (5, 4) => job.run::<5, 4>(std::array::from_fn(rows_at)),
-                    (5, _) => job.run::<5, 1>(std::array::from_fn(rows_at)),
-                    (4, 4) => job.run::<4, 4>(std::array::from_fn(rows_at)),
-                    (4, _) => job.run::<4, 1>(std::array::from_fn(rows_at)),
-                    (3, 4) => job.run::<3, 4>(std::array::from_fn(rows_at)),
-                    (3, _) => job.run::<3, 1>(std::array::from_fn(rows_at)),
-                    (2, 4) => job.run::<2, 4>(std::array::from_fn(rows_at)),
-                    (2, _) => job.run::<2, 1>(std::array::from_fn(rows_at)),
-                    (_, 4) => job.run::<1, 4>(std::array::from_fn(rows_at)),
-                    (_, _) => job.run::<1, 1>(std::array::from_fn(rows_at)),
+                match w {
+                    4 => job.rows::<4>(take, rows_at),
+                    _ => job.rows::<1>(take, rows_at),
                 }
                 c += w;
             }
@@ -502,6 +494,24 @@ mod avx512 {
     }
 
     impl Job<'_> {
+        /// [`Self::run`] for `take` (1 to 6) rows, `rows_at(i)` saying row `i`'s.
+        #[target_feature(enable = "avx512f")]
+        unsafe fn rows<const W: usize>(
+            &self,
+            take: usize,
+            rows_at: impl FnMut(usize) -> (usize, usize, *mut f32),
+        ) {
+            use std::array::from_fn;
+            match take {
+                6 => self.run::<6, W>(from_fn(rows_at)),
+                5 => self.run::<5, W>(from_fn(rows_at)),
+                4 => self.run::<4, W>(from_fn(rows_at)),
+                3 => self.run::<3, W>(from_fn(rows_at)),
+                2 => self.run::<2, W>(from_fn(rows_at)),
+                _ => self.run::<1, W>(from_fn(rows_at)),
+            }
+        }
+
         /// For `R` rows, each `(its scores' start, its context, its output)`: output chunks
         /// `0..W` are `sum_j p[j] * v_j` in position order, each value chunk read once for the
         /// `R` rows.

@@ -12,9 +12,11 @@
 //! 3. waiting sequences are admitted, highest priority, then by their agent run's first arrival
 //!    (program-level first come first served: a run's later turns do not queue behind runs that
 //!    started after it), then first come first served, while their first chunk's blocks fit
-//!    (keeping a small watermark free for decodes, and, while others run, room for the output a
-//!    sequence is expected to make). The queue head is never skipped for want of memory, so a
-//!    large request cannot be starved by small ones. With a limit on agent runs in progress,
+//!    (keeping, while others run, a small watermark free for their decodes and room for the
+//!    output a sequence is expected to make). The queue head is never skipped for want of
+//!    memory, so a large request cannot be starved by small ones; with nothing running, a head
+//!    that the whole pool cannot take is reported unservable, since no block would ever come
+//!    back for it. With a limit on agent runs in progress,
 //!    turns that would start a run are passed over while it is reached: the runs that started
 //!    first finish first, instead of every run sharing the engine until the end.
 //!
@@ -272,7 +274,6 @@ impl Scheduler {
     /// Step 3: admit waiting sequences in order while their first chunk fits: swapped ones are
     /// swapped back in, new ones take what the prefix cache has.
     fn admit(&mut self, plan: &mut StepPlan, budget: &mut usize) {
-        let reserve = self.config.watermark_blocks;
         // With a limit on runs in progress: the limit and those runs.
         let mut bound = self
             .config
@@ -286,7 +287,19 @@ impl Scheduler {
             if next >= self.waiting.len() {
                 break;
             }
+            // The watermark keeps room for running sequences' decodes. With none running, the
+            // candidate may take the whole pool, and if even that cannot take it nothing ever
+            // will (only running sequences give blocks back): it is reported, not kept waiting.
+            let alone = self.running.is_empty();
+            let reserve = match alone {
+                true => 0,
+                false => self.config.watermark_blocks,
+            };
             if self.kv.num_available() <= reserve {
+                if alone {
+                    self.report_unservable(plan, next);
+                    continue;
+                }
                 break;
             }
             let at_bound = bound.as_ref().is_some_and(|(max, runs)| runs.len() >= *max);
@@ -301,6 +314,10 @@ impl Scheduler {
                 if self.kv.num_available() < need + reserve {
                     seq.swapped = Some(swapped);
                     self.waiting.insert(next, seq);
+                    if alone {
+                        self.report_unservable(plan, next);
+                        continue;
+                    }
                     break;
                 }
                 if let Err(swapped) = seq.blocks.swap_in(swapped) {
@@ -331,9 +348,14 @@ impl Scheduler {
             };
             if n == 0 {
                 // Only a new sequence can get here (a swap-in checked its room): give back the
-                // prefix blocks it took and wait.
+                // prefix blocks it took and wait; alone, its prefix hit and the rest of the pool
+                // hold no room for one more token.
                 seq.evict();
                 self.waiting.insert(next, seq);
+                if alone {
+                    self.report_unservable(plan, next);
+                    continue;
+                }
                 break;
             }
             let grown = seq.blocks.grow_to(self.blocks_for(seq.num_computed() + n));
@@ -353,6 +375,13 @@ impl Scheduler {
             self.plan_item(plan, i, n, decode);
             *budget -= n;
         }
+    }
+
+    /// Takes the waiting sequence at `i` out as one that cannot progress even with the whole
+    /// pool.
+    fn report_unservable(&mut self, plan: &mut StepPlan, i: usize) {
+        let seq = self.waiting.remove(i);
+        plan.unservable.push(seq.id);
     }
 
     /// The runs in progress, by first arrival: those with a sequence running, and those waiting
@@ -686,6 +715,42 @@ mod tests {
     }
 
     #[test]
+    fn alone_a_sequence_may_take_the_watermark_too() {
+        // 5 blocks of 4 tokens, 1 kept free while others run. The second turn finds the first's
+        // 4 full blocks cached; the rest of it fits only in the watermark, which nobody needs.
+        let mut s = scheduler_with(5, 64, 0, true);
+        let prompt: Vec<u32> = (0..18).collect();
+        s.add(seq_with(&s, 1, prompt.clone(), 0));
+        while !step(&mut s).items[0].sample {}
+        s.remove(RequestId(1));
+        s.add(seq_with(&s, 2, prompt, 0));
+        let plan = step(&mut s);
+        assert_eq!(plan.admitted, [RequestId(2)]);
+        assert_eq!((plan.items[0].pos0, plan.items[0].tokens.len()), (16, 2));
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_waiting_sequence_that_no_block_can_ever_serve_is_reported() {
+        // Every block of the pool is pinned: nothing running will ever give one back.
+        let mut s = scheduler_with(5, 64, 0, true);
+        let prompt: Vec<u32> = (0..20).collect();
+        s.add(seq_with(&s, 1, prompt.clone(), 0));
+        while !step(&mut s).items[0].sample {}
+        let keys = s.get(RequestId(1)).unwrap().blocks.prefix_keys(20);
+        assert_eq!(s.kv().pin(&keys), 5);
+        s.remove(RequestId(1));
+        // A stranger, and the same prompt again (its hit leaves no block for its last token).
+        s.add(seq(&s, 2, 3, 0));
+        s.add(seq_with(&s, 3, prompt, 0));
+        let plan = step(&mut s);
+        assert_eq!(plan.unservable, [RequestId(2), RequestId(3)]);
+        assert!(plan.items.is_empty());
+        assert!(s.is_idle());
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
     fn preemption_swaps_out_and_admission_swaps_back_in() {
         let mut s = scheduler_with(4, 64, 8, false);
         s.config.watermark_blocks = 0;
@@ -785,7 +850,7 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            (1usize..40, -1i32..2, any::<bool>()).prop_map(
+            (1usize..100, -1i32..2, any::<bool>()).prop_map(
                 |(prompt, priority, prompt_logprobs)| {
                     Op::Add {
                         prompt,
@@ -805,29 +870,31 @@ mod tests {
 
     proptest! {
         /// Whatever mix of finishing, cancelled, preempted and timed-out sequences, the block
-        /// accounting holds after every operation and every block is back in the pool at the end.
+        /// accounting holds after every operation, every sequence left is served or reported
+        /// once nothing more arrives, and every block is back in the pool at the end.
         #[test]
         fn no_block_leaks(
             ops in prop::collection::vec(op(), 1..200),
             blocks in 6usize..24,
             host in 0usize..16,
             prefix_caching in any::<bool>(),
+            shared in 0u32..100,
         ) {
             let mut s = scheduler_with(blocks, 16, host, prefix_caching);
             let mut next = 0;
             for op in ops {
                 match op {
                     Op::Add { prompt, priority, prompt_logprobs } => {
-                        // Prompts that can never fit are rejected before they reach the scheduler.
-                        if prompt.div_ceil(4) < blocks {
-                            next += 1;
-                            // Half the prompts share a prefix, for the prefix cache to find.
-                            let tokens = (0..prompt as u32)
-                                .map(|t| if next % 2 == 0 && t < 12 { t } else { t + 1000 * next as u32 })
-                                .collect();
-                            let seq = seq_with(&s, next, tokens, priority);
-                            s.add(if prompt_logprobs { seq.with_prompt_logprobs() } else { seq });
-                        }
+                        // The engine rejects prompts without room for one more token in the
+                        // pool; the longest it takes fill all of it but that token.
+                        let prompt = prompt.min(blocks * 4 - 1);
+                        next += 1;
+                        // Half the prompts share a prefix, for the prefix cache to find.
+                        let tokens = (0..prompt as u32)
+                            .map(|t| if next % 2 == 0 && t < shared { t } else { t + 1000 * next as u32 })
+                            .collect();
+                        let seq = seq_with(&s, next, tokens, priority);
+                        s.add(if prompt_logprobs { seq.with_prompt_logprobs() } else { seq });
                     }
                     Op::Step => {
                         let plan = step(&mut s);
@@ -852,10 +919,22 @@ mod tests {
                     prop_assert!(false, "{}", e);
                 }
             }
-            let ids: Vec<RequestId> = s.sequences().map(|q| q.id).collect();
-            for id in ids {
-                s.remove(id);
+            // Nothing more arrives: every sequence is served (ending after two tokens) or
+            // reported, none is left waiting for blocks nobody will give back.
+            for _ in 0..1000 {
+                if s.is_idle() {
+                    break;
+                }
+                step(&mut s);
+                s.kv().take_copies();
+                s.kv().copies_done();
+                let done: Vec<RequestId> =
+                    s.sequences().filter(|q| q.num_generated() >= 2).map(|q| q.id).collect();
+                for id in done {
+                    s.remove(id);
+                }
             }
+            prop_assert!(s.is_idle(), "sequences left waiting: {}", s.num_waiting());
             let g = s.kv().gauges();
             prop_assert_eq!(g.device_used, 0);
             prop_assert_eq!(g.device_free + g.device_cached, blocks);

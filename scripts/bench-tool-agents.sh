@@ -28,8 +28,8 @@ PORT=${PORT:-8095}
 # With run scheduling, runs in progress at once. On 2 cores each follow-up then waits behind
 # fewer others; the whole job takes longer than with 12 (more, smaller steps), but the median run
 # finishes about as soon or sooner (Xeon: 6: follow-up TTFT 0.41-0.46x of "off", JCT 0.60-0.65x;
-# 12: 0.41-0.63x and 0.59-0.73x; EPYC: 6: 0.37-0.38x and 0.57-0.74x; 8: 0.43x, 0.72x; 12: 0.40x,
-# 0.73x).
+# 12: 0.41-0.63x and 0.59-0.73x; EPYC: 6: 0.32-0.41x and 0.54-0.74x; 4: 0.25x, 0.67x; 8: 0.43x,
+# 0.72x; 12: 0.40x, 0.73x).
 ACTIVE_RUNS=${ACTIVE_RUNS:-6}
 mkdir -p "$OUT"
 

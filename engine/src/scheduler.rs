@@ -287,43 +287,38 @@ impl Scheduler {
             if next >= self.waiting.len() {
                 break;
             }
-            // The watermark keeps room for running sequences' decodes. With none running, the
-            // candidate may take the whole pool, and if even that cannot take it nothing ever
-            // will (only running sequences give blocks back): it is reported, not kept waiting.
-            let alone = self.running.is_empty();
-            let reserve = match alone {
-                true => 0,
-                false => self.config.watermark_blocks,
-            };
-            if self.kv.num_available() <= reserve {
-                if alone {
-                    self.report_unservable(plan, next);
-                    continue;
-                }
-                break;
-            }
             let at_bound = bound.as_ref().is_some_and(|(max, runs)| runs.len() >= *max);
             if at_bound && self.starts_run(&self.waiting[next]) {
                 next += 1;
                 continue;
             }
+            // The watermark keeps room for running sequences' decodes; with none running, the
+            // candidate may take the whole pool (see `hold_back`).
+            let alone = self.running.is_empty();
+            let reserve = match alone {
+                true => 0,
+                false => self.config.watermark_blocks,
+            };
             let mut seq = self.waiting.remove(next);
+            if self.kv.num_available() <= reserve {
+                match self.hold_back(plan, next, seq, alone) {
+                    true => break,
+                    false => continue,
+                }
+            }
             let mut lookup = None;
             if let Some(swapped) = seq.swapped.take() {
                 let need = self.blocks_for(seq.num_computed() + 1).max(swapped.len());
-                if self.kv.num_available() < need + reserve {
+                let swapped_in = match self.kv.num_available() < need + reserve {
+                    true => Err(swapped),
+                    false => seq.blocks.swap_in(swapped),
+                };
+                if let Err(swapped) = swapped_in {
                     seq.swapped = Some(swapped);
-                    self.waiting.insert(next, seq);
-                    if alone {
-                        self.report_unservable(plan, next);
-                        continue;
+                    match self.hold_back(plan, next, seq, alone) {
+                        true => break,
+                        false => continue,
                     }
-                    break;
-                }
-                if let Err(swapped) = seq.blocks.swap_in(swapped) {
-                    seq.swapped = Some(swapped);
-                    self.waiting.insert(next, seq);
-                    break;
                 }
             } else if seq.num_computed() == 0 {
                 // A sequence scoring its prompt looks nothing up: no cache holds logits.
@@ -334,7 +329,7 @@ impl Scheduler {
             }
             // A new sequence is admitted once the rest of its prompt and its expected output fit
             // beside the others (alone, whatever fits: it could never wait for more).
-            let expected = match lookup.is_some() && !self.running.is_empty() {
+            let expected = match lookup.is_some() && !alone {
                 true => {
                     let len = seq.tokens().len();
                     self.blocks_for(len + seq.expected_output) - self.blocks_for(len)
@@ -347,16 +342,14 @@ impl Scheduler {
                 false => self.fit(&seq, pending.min(*budget), reserve),
             };
             if n == 0 {
-                // Only a new sequence can get here (a swap-in checked its room): give back the
-                // prefix blocks it took and wait; alone, its prefix hit and the rest of the pool
-                // hold no room for one more token.
+                // Only a new sequence can get here (a swap-in checked its room): it gives back the
+                // prefix blocks it took (alone, they and the rest of the pool hold no room for
+                // one more token).
                 seq.evict();
-                self.waiting.insert(next, seq);
-                if alone {
-                    self.report_unservable(plan, next);
-                    continue;
+                match self.hold_back(plan, next, seq, alone) {
+                    true => break,
+                    false => continue,
                 }
-                break;
             }
             let grown = seq.blocks.grow_to(self.blocks_for(seq.num_computed() + n));
             debug_assert!(grown, "fit() checked the available blocks");
@@ -377,11 +370,17 @@ impl Scheduler {
         }
     }
 
-    /// Takes the waiting sequence at `i` out as one that cannot progress even with the whole
-    /// pool.
-    fn report_unservable(&mut self, plan: &mut StepPlan, i: usize) {
-        let seq = self.waiting.remove(i);
-        plan.unservable.push(seq.id);
+    /// A candidate that cannot be admitted now goes back to its place `i` in the queue and
+    /// waits (true: admission stops there). With nothing running (`alone`), nothing would ever
+    /// give it a block (only running sequences give blocks back): it is reported unservable
+    /// instead, and dropped, and the next candidate is tried (false).
+    fn hold_back(&mut self, plan: &mut StepPlan, i: usize, seq: Sequence, alone: bool) -> bool {
+        if alone {
+            plan.unservable.push(seq.id);
+            return false;
+        }
+        self.waiting.insert(i, seq);
+        true
     }
 
     /// The runs in progress, by first arrival: those with a sequence running, and those waiting

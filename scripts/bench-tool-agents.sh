@@ -12,6 +12,9 @@
 #   LLAMA_SERVER=/path/to/llama-server scripts/bench-tool-agents.sh
 #   SPECULATIVE=1 scripts/bench-tool-agents.sh   # the "on" runs also send speculative_prefill
 #   ACTIVE_RUNS=0 scripts/bench-tool-agents.sh    # "on" without a bound on runs in progress
+#   HOST_MB=0 scripts/bench-tool-agents.sh        # both without the host tier: what is evicted
+#                                                 # from the device is recomputed, as in engines
+#                                                 # that keep no KV in CPU RAM
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,9 +32,15 @@ PORT=${PORT:-8095}
 # fewer others; the whole job takes longer than with 12 (more, smaller steps), but the median run
 # finishes about as soon or sooner (Xeon: 6: follow-up TTFT 0.41-0.46x of "off", JCT 0.60-0.65x;
 # 12: 0.41-0.63x and 0.59-0.73x; EPYC: 6: 0.32-0.41x and 0.54-0.74x; 4: 0.25x, 0.67x; 8: 0.43x,
-# 0.72x; 12: 0.40x, 0.73x).
+# 0.72x; 12: 0.40x, 0.73x; EPYC Zen 5: 6: 0.34-0.40x, 0.66-0.74x; and with --max-step-tokens
+# 512, 5: 0.33x, 0.87x; 7: 0.35x, 0.68x; 8: 0.54x, 0.83x).
 ACTIVE_RUNS=${ACTIVE_RUNS:-6}
+# The host tier's size in MiB for both swarmgate runs (empty: the server's default, 2048, which
+# holds every block the device evicts here, so that "off" reloads instead of recomputing).
+HOST_MB=${HOST_MB:-}
 mkdir -p "$OUT"
+host_flags=()
+[ -z "$HOST_MB" ] || host_flags=(--host-kv-cache-mb "$HOST_MB")
 
 wait_ready() {
   for _ in $(seq 1 120); do
@@ -56,7 +65,7 @@ swarmgate() { # label, report name, on|off (retention and run scheduling), loadg
   [ "$on" = on ] || { ttl=0; runs=false; active=0; }
   "$BIN" serve --host 127.0.0.1 --port "$PORT" --grpc-port 0 --model "$MODEL" \
     --device-kv-blocks "$POOL_BLOCKS" --run-scheduling "$runs" --tool-kv-ttl-max-secs "$ttl" \
-    --max-active-runs "$active" \
+    --max-active-runs "$active" "${host_flags[@]}" \
     --first-token-timeout-secs 600 \
     >"$OUT/$report.log" 2>&1 &
   local pid=$!

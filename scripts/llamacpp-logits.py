@@ -5,10 +5,15 @@ prompt tokens, its greedy continuation (12 tokens) and its top-5 log-probabiliti
 with its attention run both ways (flash attention on, its default here, and off): the spread
 between the two is llama.cpp's own numerical noise, the yardstick for the test's tolerance.
 
+With `gemma3` after the server's path it writes the same table for gemma-3-270m-q4_k_m.gguf
+(engine/tests/gemma3_logits.rs): a base model whose GGUF has no chat template, so its prompts
+are plain texts, tokenized by llama.cpp with BOS.
+
 Run by hand when the model or the prompts change, never by `make test` (it needs llama.cpp's
 `llama-server`, built by `../shared/peer/build-llama-server.sh` or any llama.cpp build):
 
     python3 scripts/llamacpp-logits.py PATH/TO/llama-server > engine/tests/fixtures/llamacpp_logits.json
+    python3 scripts/llamacpp-logits.py PATH/TO/llama-server gemma3 > engine/tests/fixtures/llamacpp_gemma3_logits.json
 
 It serves the model on 127.0.0.1 only, CPU, 2 threads, `--no-repack` (the repacked AMX path dies
 with an illegal instruction on some VMs), no prompt cache.
@@ -22,7 +27,8 @@ import time
 import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3 = len(sys.argv) > 2 and sys.argv[2] == "gemma3"
+MODEL = ROOT / "models" / ("gemma-3-270m-q4_k_m.gguf" if GEMMA3 else "SmolLM2-135M-Instruct.Q4_1.gguf")
 PORT = 18091
 STEPS = 12
 
@@ -51,6 +57,24 @@ PROMPTS = [
         ("user", "Now one about mountains."),
     ],
     [("user", "My order #4471 has not arrived after ten days. Draft a two-line polite complaint.")],
+]
+
+TEXTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Question: How many legs does a spider have?\nAnswer:",
+    "The three primary colours are red,",
+    "<start_of_turn>user\nWhat is 12 times 7?<end_of_turn>\n<start_of_turn>model\n",
+    "Photosynthesis is the process by which",
+    '{"name": "Ada", "born": 1815, "known_for": "',
+    "Translate to Spanish: good morning ->",
+    "Here is a note from a customer: I ordered a blue kettle on Monday, paid for express shipping, "
+    "and it still has not arrived. The tracking page has said label created for four days. "
+    "A polite reply:",
+    # Over 1,000 tokens: the sliding-window layers (512 positions) no longer see the start.
+    "".join(f"Day {i}: the market sold {i * 7 % 13} apples and {i * 5 % 11} pears. " for i in range(1, 61))
+    + "Day 61: the market sold",
 ]
 
 
@@ -100,11 +124,17 @@ def main():
     table = []
     proc = serve(server, "on")
     try:
-        for turns in PROMPTS:
-            messages = [{"role": r, "content": c} for r, c in turns]
-            text = post("/apply-template", {"messages": messages})["prompt"]
-            tokens = post("/tokenize", {"content": text, "parse_special": True})["tokens"]
-            table.append({"messages": messages, "tokens": tokens, "steps": steps(tokens)})
+        for item in TEXTS if GEMMA3 else PROMPTS:
+            if GEMMA3:
+                entry = {"text": item}
+                body = {"content": item, "add_special": True, "parse_special": True}
+            else:
+                entry = {"messages": [{"role": r, "content": c} for r, c in item]}
+                text = post("/apply-template", entry)["prompt"]
+                body = {"content": text, "parse_special": True}
+            entry["tokens"] = post("/tokenize", body)["tokens"]
+            entry["steps"] = steps(entry["tokens"])
+            table.append(entry)
     finally:
         proc.kill()
         proc.wait()

@@ -51,12 +51,16 @@ const TILE: usize = 16;
 
 /// `q` is `[tokens, n_heads * head_dim]`; writes `out` of the same shape. `keys` and `values`
 /// are one layer of a cache held as arrays, laid out as `layout` says, with the current tokens'
-/// keys and values already in place. `seqs` cover the batch's rows in order.
+/// keys and values already in place. `seqs` cover the batch's rows in order. With a `window`
+/// (a sliding-window layer), a token at position `p` attends to the last `window` positions,
+/// `p + 1 - window ..= p`, as llama.cpp's and Hugging Face's Gemma do; tokens whose window has
+/// left position 0 behind are tiles of their own (they share no first position).
 pub fn paged_attention(
     q: &[f32],
     (keys, values, layout): (&[f16], &[f16], &KvLayout),
     seqs: &[SeqSlice],
     n_heads: usize,
+    window: Option<usize>,
     out: &mut [f32],
 ) {
     let (hd, bs) = (layout.head_dim, layout.block_size);
@@ -74,14 +78,22 @@ pub fn paged_attention(
                 .collect()
         })
         .collect();
+    // The first position token `t` of `seq` sees.
+    let first = |seq: &SeqSlice, t: usize| match window {
+        Some(w) => (seq.pos0 + t + 1).saturating_sub(w),
+        None => 0,
+    };
     // (sequence, first token, end) of every tile, and its rows of `out`.
     let tiles: Vec<(usize, usize, usize)> = seqs
         .iter()
         .enumerate()
         .flat_map(|(s, seq)| {
-            (0..seq.len)
+            // Tokens that see position 0 go in tiles of up to TILE, the rest one by one.
+            let shared = (0..seq.len).find(|&t| first(seq, t) > 0).unwrap_or(seq.len);
+            let tiled = (0..shared)
                 .step_by(TILE)
-                .map(move |t0| (s, t0, (t0 + TILE).min(seq.len)))
+                .map(move |t0| (s, t0, (t0 + TILE).min(shared)));
+            tiled.chain((shared..seq.len).map(move |t| (s, t, t + 1)))
         })
         .collect();
     let mut parts = Vec::with_capacity(tiles.len());
@@ -97,11 +109,12 @@ pub fn paged_attention(
         .for_each(|(out, &(s, t0, t1))| {
             let seq = &seqs[s];
             let q = &q[(seq.start + t0) * row..(seq.start + t1) * row];
+            let lo = first(seq, t0);
             for g in 0..layout.n_kv_heads {
                 let head = KvHead {
                     keys,
                     values,
-                    at: &at[s][..seq.pos0 + t1],
+                    at: &at[s][lo..seq.pos0 + t1],
                     shift: g * bs * hd,
                     hd,
                 };
@@ -110,7 +123,7 @@ pub fn paged_attention(
                     offset: g * group * hd,
                     group,
                     tokens: t1 - t0,
-                    ctx0: seq.pos0 + t0 + 1,
+                    ctx0: seq.pos0 + t0 + 1 - lo,
                 };
                 attend(q, out, &tile, &head, scale);
             }
@@ -811,10 +824,11 @@ mod tests {
             head_dim: 16,
             dtype: KvDtype::F16,
         };
-        let (n_heads, hd, len) = (4, 16, 11);
+        // Longer than a tile, so that tiles of several tokens and tokens alone both occur.
+        let (n_heads, hd, len) = (4, 16, 21);
         let mut kv = KvStorage::new(layout, 8);
         // Deliberately scattered blocks.
-        let blocks = vec![BlockId(5), BlockId(1), BlockId(7)];
+        let blocks = [5, 1, 7, 0, 3, 6].map(BlockId).to_vec();
         let val = |t: usize, i: usize| ((t * 31 + i * 7) % 23) as f32 / 23.0 - 0.5;
         let mut keys = vec![vec![]; 2];
         let mut vals = vec![vec![]; 2];
@@ -838,15 +852,22 @@ mod tests {
             pos0: 0,
             blocks,
         }];
-        let mut out = vec![0f32; q.len()];
-        paged_attention(&q, arrays(&kv), &seqs, n_heads, &mut out);
-        for t in 0..len {
-            for h in 0..n_heads {
-                let g = h / 2;
-                let at = (t * n_heads + h) * hd;
-                let expect = naive(&q[at..at + hd], &keys[g][..=t], &vals[g][..=t], hd);
-                for d in 0..hd {
-                    assert!((out[at + d] - expect[d]).abs() < 1e-5, "t{t} h{h} d{d}");
+        // Causal, then sliding windows: narrower than a block, than a tile, and wider than
+        // the sequence.
+        for window in [None, Some(1), Some(3), Some(6), Some(17), Some(64)] {
+            let mut out = vec![0f32; q.len()];
+            paged_attention(&q, arrays(&kv), &seqs, n_heads, window, &mut out);
+            for t in 0..len {
+                let lo = window.map_or(0, |w| (t + 1).saturating_sub(w));
+                for h in 0..n_heads {
+                    let g = h / 2;
+                    let at = (t * n_heads + h) * hd;
+                    let (ks, vs) = (&keys[g][lo..=t], &vals[g][lo..=t]);
+                    let expect = naive(&q[at..at + hd], ks, vs, hd);
+                    for d in 0..hd {
+                        let diff = (out[at + d] - expect[d]).abs();
+                        assert!(diff < 1e-5, "{window:?} t{t} h{h} d{d}");
+                    }
                 }
             }
         }
@@ -978,7 +999,7 @@ mod tests {
         let row = n_heads * layout.head_dim;
         let q: Vec<f32> = (0..tokens * row).map(|i| val(i, 3)).collect();
         let mut expected = vec![0f32; q.len()];
-        paged_attention(&q, arrays(&kv), &seqs, n_heads, &mut expected);
+        paged_attention(&q, arrays(&kv), &seqs, n_heads, None, &mut expected);
 
         let shape = (
             num_blocks,

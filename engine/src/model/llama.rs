@@ -1,4 +1,11 @@
-//! The llama architecture with a ragged-batch forward over a paged KV cache.
+//! The llama and Gemma 3 architectures with a ragged-batch forward over a paged KV cache.
+//!
+//! Gemma 3 is llama with: a head size of its own (`attention.key_length`), RMS-normalised
+//! queries and keys, a second norm after attention and after the feed-forward, GELU (tanh) in
+//! place of SiLU, embeddings scaled by `sqrt(hidden)`, NEOX RoPE, and five of every six layers
+//! attending over a sliding window with their own RoPE base (10,000; the global layers use
+//! `rope.freq_base`). Its norms' weights are stored with Gemma's `1 +` already applied, so they
+//! are plain RMS norms here. So far it runs on the CPU kernels only.
 //!
 //! Unlike candle's `quantized_llama`, the model holds only weights: the KV cache is passed in, and
 //! one forward call takes any mix of sequences, each contributing a prefill chunk or one decode
@@ -149,9 +156,22 @@ impl Proj {
     }
 }
 
+/// The architectures the forward runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    Gemma3,
+}
+
+/// Gemma 3: every sixth layer attends globally, the others over the sliding window.
+const GEMMA3_GLOBAL_EVERY: usize = 6;
+/// Gemma 3's RoPE base for its sliding-window layers when the GGUF names none.
+const GEMMA3_LOCAL_ROPE_THETA: f32 = 10_000.0;
+
 /// Hyper-parameters read from the GGUF metadata.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaConfig {
+    pub arch: Arch,
     pub hidden: usize,
     pub intermediate: usize,
     pub num_layers: usize,
@@ -165,6 +185,10 @@ pub struct LlamaConfig {
     /// NEOX rotation (pairs `i`, `i + d/2`) rather than interleaved pairs (`2i`, `2i + 1`).
     pub rope_neox: bool,
     pub context_length: usize,
+    /// The sliding window of the layers that have one (Gemma 3), in positions.
+    pub sliding_window: Option<usize>,
+    /// The RoPE base of the sliding-window layers.
+    pub rope_theta_local: f32,
 }
 
 impl LlamaConfig {
@@ -182,19 +206,35 @@ impl LlamaConfig {
         4 * (step_tokens * per_token + attention)
     }
 
+    /// The sliding window of layer `layer`, if it has one.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        match self.arch {
+            Arch::Gemma3 if !(layer + 1).is_multiple_of(GEMMA3_GLOBAL_EVERY) => self.sliding_window,
+            _ => None,
+        }
+    }
+
     /// Reads the hyper-parameters from metadata alone, without loading any tensor.
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
-        let arch = g.string("general.architecture")?;
-        if arch != "llama" {
-            return Err(EngineError::Model(format!(
-                "architecture {arch:?} is not supported (supported: llama)"
-            )));
-        }
-        let key = |k: &str| format!("{arch}.{k}");
+        let name = g.string("general.architecture")?;
+        let arch = match name.as_str() {
+            "llama" => Arch::Llama,
+            "gemma3" => Arch::Gemma3,
+            _ => {
+                return Err(EngineError::Model(format!(
+                    "architecture {name:?} is not supported (supported: llama, gemma3)"
+                )))
+            }
+        };
+        let key = |k: &str| format!("{name}.{k}");
         let hidden = g.u32(&key("embedding_length"))? as usize;
         let n_heads = g.u32(&key("attention.head_count"))? as usize;
-        let head_dim = hidden / n_heads;
+        let head_dim = g
+            .u32(&key("attention.key_length"))
+            .map_or(hidden / n_heads, |d| d as usize);
+        let gemma = arch == Arch::Gemma3;
         Ok(Self {
+            arch,
             hidden,
             intermediate: g.u32(&key("feed_forward_length"))? as usize,
             num_layers: g.u32(&key("block_count"))? as usize,
@@ -208,8 +248,15 @@ impl LlamaConfig {
                 .u32(&key("rope.dimension_count"))
                 .map(|d| d as usize)
                 .unwrap_or(head_dim),
-            rope_neox: false,
+            rope_neox: gemma,
             context_length: g.u32(&key("context_length"))? as usize,
+            sliding_window: match gemma {
+                true => Some(g.u32(&key("attention.sliding_window"))? as usize),
+                false => None,
+            },
+            rope_theta_local: g
+                .f32(&key("rope.local_freq_base"))
+                .unwrap_or(GEMMA3_LOCAL_ROPE_THETA),
         })
         .and_then(|c: Self| {
             if c.rope_dim != c.head_dim || !c.n_heads.is_multiple_of(c.n_kv_heads) {
@@ -241,6 +288,15 @@ struct Layer {
     /// gate and up fused.
     gate_up: Proj,
     down: Proj,
+    /// Gemma 3's norms of each query and key head, and after attention and the feed-forward.
+    gemma: Option<GemmaNorms>,
+}
+
+struct GemmaNorms {
+    q: Tensor,
+    k: Tensor,
+    post_attn: Tensor,
+    post_ffn: Tensor,
 }
 
 pub struct Llama {
@@ -252,6 +308,8 @@ pub struct Llama {
     norm: Tensor,
     cos: Tensor,
     sin: Tensor,
+    /// The sliding-window layers' tables, where their RoPE base differs.
+    local_rope: Option<(Tensor, Tensor)>,
     device: Device,
     /// How the device path attends for decode tokens.
     decode: DecodeAttention,
@@ -261,6 +319,11 @@ impl Llama {
     /// Loads the weights for `backend`, onto its device.
     pub fn load(g: &mut Gguf, backend: &Backend) -> Result<Self> {
         let config = LlamaConfig::from_gguf(g)?;
+        if config.arch == Arch::Gemma3 && !matches!(backend, Backend::Kernels) {
+            return Err(EngineError::Model(
+                "Gemma 3 runs on the CPU kernels only so far".into(),
+            ));
+        }
         let device = backend.device();
         let proj = |g: &mut Gguf, name: &str| -> Result<Proj> {
             Proj::load(&[&g.qtensor(name)?], backend)
@@ -287,6 +350,15 @@ impl Llama {
                 ffn_norm: norm(g, &format!("{p}.ffn_norm.weight"))?,
                 gate_up: Proj::load(&[&gate, &up], backend)?,
                 down: proj(g, &format!("{p}.ffn_down.weight"))?,
+                gemma: match config.arch {
+                    Arch::Llama => None,
+                    Arch::Gemma3 => Some(GemmaNorms {
+                        q: norm(g, &format!("{p}.attn_q_norm.weight"))?,
+                        k: norm(g, &format!("{p}.attn_k_norm.weight"))?,
+                        post_attn: norm(g, &format!("{p}.post_attention_norm.weight"))?,
+                        post_ffn: norm(g, &format!("{p}.post_ffw_norm.weight"))?,
+                    }),
+                },
             });
         }
         let embed = proj(g, "token_embd.weight")?;
@@ -294,7 +366,13 @@ impl Llama {
             true => Some(proj(g, "output.weight")?),
             false => None,
         };
-        let (cos, sin) = rope_tables(&config, &device)?;
+        let (cos, sin) = rope_tables(&config, config.rope_theta, &device)?;
+        let local_rope = match config.sliding_window {
+            Some(_) if config.rope_theta_local != config.rope_theta => {
+                Some(rope_tables(&config, config.rope_theta_local, &device)?)
+            }
+            _ => None,
+        };
         let decode = match kernel_fits(config.head_dim) {
             true => DecodeAttention::Kernel,
             false => DecodeAttention::Ops,
@@ -307,6 +385,7 @@ impl Llama {
             layers,
             cos,
             sin,
+            local_rope,
             device,
             decode,
         })
@@ -334,9 +413,20 @@ impl Llama {
                     .sum::<usize>()
                     + tensor_bytes(&l.attn_norm)
                     + tensor_bytes(&l.ffn_norm)
+                    + l.gemma.as_ref().map_or(0, |n| {
+                        [&n.q, &n.k, &n.post_attn, &n.post_ffn]
+                            .map(tensor_bytes)
+                            .iter()
+                            .sum()
+                    })
             })
             .sum();
+        let local_rope = self
+            .local_rope
+            .as_ref()
+            .map_or(0, |(cos, sin)| tensor_bytes(cos) + tensor_bytes(sin));
         layers
+            + local_rope
             + self.embed.bytes()
             + self.lm_head.as_ref().map_or(0, Proj::bytes)
             + [&self.norm, &self.cos, &self.sin]
@@ -405,11 +495,27 @@ impl Llama {
             .collect();
         let slots = kv.slots(places)?;
         let mut x = self.embed.rows(&batch.tokens, &self.device)?;
+        if c.arch == Arch::Gemma3 {
+            x = (x * (c.hidden as f64).sqrt())?;
+        }
         let positions = Tensor::new(batch.positions.as_slice(), &self.device)?;
-        let cos = self.cos.index_select(&positions, 0)?.unsqueeze(1)?;
-        let sin = self.sin.index_select(&positions, 0)?.unsqueeze(1)?;
+        let at = |(cos, sin): (&Tensor, &Tensor)| -> Result<(Tensor, Tensor)> {
+            Ok((
+                cos.index_select(&positions, 0)?.unsqueeze(1)?,
+                sin.index_select(&positions, 0)?.unsqueeze(1)?,
+            ))
+        };
+        let global = at((&self.cos, &self.sin))?;
+        let local = match &self.local_rope {
+            Some((cos, sin)) => Some(at((cos, sin))?),
+            None => None,
+        };
         for (i, layer) in self.layers.iter().enumerate() {
-            x = self.layer_forward(layer, i, &x, (&cos, &sin), (&batch.seqs, &slots), kv)?;
+            let (cos, sin) = match (&local, c.window(i)) {
+                (Some(local), Some(_)) => local,
+                _ => &global,
+            };
+            x = self.layer_forward(layer, i, &x, (cos, sin), (&batch.seqs, &slots), kv)?;
         }
         if batch.logits_rows.is_empty() {
             // Prefill chunks short of their prompts' ends: no row to run the head on. (On the
@@ -441,8 +547,13 @@ impl Llama {
                 .contiguous()?;
             Ok(part.reshape((t, n, 1, c.head_dim))?)
         };
-        let q = self.rotate(&heads(0, c.n_heads)?, cos, sin)?;
-        let k = self.rotate(&heads(q_width, c.n_kv_heads)?, cos, sin)?;
+        let (mut q, mut k) = (heads(0, c.n_heads)?, heads(q_width, c.n_kv_heads)?);
+        if let Some(n) = &layer.gemma {
+            q = rms_norm(&q, &n.q, c.rms_eps)?;
+            k = rms_norm(&k, &n.k, c.rms_eps)?;
+        }
+        let q = self.rotate(&q, cos, sin)?;
+        let k = self.rotate(&k, cos, sin)?;
         let v = qkv.narrow(D::Minus1, q_width + kv_width, kv_width)?;
 
         kv.write(index, slots, &k.reshape((t, kv_width))?, &v)?;
@@ -451,7 +562,7 @@ impl Llama {
                 let q = q.flatten_all()?.to_vec1::<f32>()?;
                 let mut attn = vec![0f32; t * q_width];
                 let cache = (keys, values, kv.layout());
-                paged_attention(&q, cache, seqs, c.n_heads, &mut attn);
+                paged_attention(&q, cache, seqs, c.n_heads, c.window(index), &mut attn);
                 Tensor::from_vec(attn, (t, q_width), &self.device)?
             }
             LayerKv::Tensors { keys, values } => {
@@ -459,14 +570,25 @@ impl Llama {
                 paged_attention_ops(&q, (keys, values), seqs, c.n_heads, self.decode)?
             }
         };
-        let x = (x + layer.o.forward(&attn)?)?;
+        let post = |y: Tensor, norm: fn(&GemmaNorms) -> &Tensor| -> Result<Tensor> {
+            Ok(match &layer.gemma {
+                Some(n) => rms_norm(&y, norm(n), c.rms_eps)?,
+                None => y,
+            })
+        };
+        let x = (x + post(layer.o.forward(&attn)?, |n| &n.post_attn)?)?;
 
         let h = rms_norm(&x, &layer.ffn_norm, c.rms_eps)?;
         let gate_up = layer.gate_up.forward(&h)?;
         let gate = gate_up.narrow(D::Minus1, 0, c.intermediate)?;
         let up = gate_up.narrow(D::Minus1, c.intermediate, c.intermediate)?;
-        let act = (candle_nn::ops::silu(&gate)? * up)?;
-        Ok((x + layer.down.forward(&act)?)?)
+        let gate = match c.arch {
+            Arch::Llama => candle_nn::ops::silu(&gate)?,
+            // The tanh approximation, as Gemma and llama.cpp compute it.
+            Arch::Gemma3 => gate.gelu()?,
+        };
+        let down = layer.down.forward(&(gate * up)?)?;
+        Ok((x + post(down, |n| &n.post_ffn)?)?)
     }
 
     /// RoPE on `[tokens, heads, 1, head_dim]` with per-token `cos`/`sin` `[tokens, 1, dim/2]`.
@@ -483,12 +605,12 @@ fn tensor_bytes(t: &Tensor) -> usize {
     t.elem_count() * t.dtype().size_in_bytes()
 }
 
-/// cos/sin of `position * theta_i`, `[context_length, rope_dim / 2]`, computed as candle's
-/// reference model does so positions rotate identically.
-fn rope_tables(c: &LlamaConfig, device: &Device) -> Result<(Tensor, Tensor)> {
+/// cos/sin of `position * theta_i` for RoPE base `base`, `[context_length, rope_dim / 2]`,
+/// computed as candle's reference model does so positions rotate identically.
+fn rope_tables(c: &LlamaConfig, base: f32, device: &Device) -> Result<(Tensor, Tensor)> {
     let theta: Vec<f32> = (0..c.rope_dim)
         .step_by(2)
-        .map(|i| 1f32 / c.rope_theta.powf(i as f32 / c.rope_dim as f32))
+        .map(|i| 1f32 / base.powf(i as f32 / c.rope_dim as f32))
         .collect();
     let theta = Tensor::new(theta.as_slice(), device)?;
     let angles = Tensor::arange(0, c.context_length as u32, device)?

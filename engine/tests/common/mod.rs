@@ -2,6 +2,7 @@
 //! read a request's whole outcome.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod llamacpp;
 pub mod reference;
 
 use std::path::PathBuf;

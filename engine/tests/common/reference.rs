@@ -15,8 +15,18 @@ use engine::{ChatMessage, ChatTemplate};
 const BLOCK: usize = 16;
 
 pub fn model_path() -> PathBuf {
-    let p =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    models("SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// The Gemma 3 GGUF.
+pub fn gemma3_path() -> PathBuf {
+    models("gemma-3-270m-q4_k_m.gguf")
+}
+
+fn models(name: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../models")
+        .join(name);
     assert!(p.exists(), "{} is missing: run `make models`", p.display());
     p
 }
@@ -93,8 +103,13 @@ pub struct Ours {
 }
 
 impl Ours {
+    /// SmolLM2 for `backend`.
     pub fn new(backend: Backend) -> Self {
-        let mut g = Gguf::open(&model_path()).unwrap();
+        Self::load(&model_path(), backend)
+    }
+
+    pub fn load(path: &std::path::Path, backend: Backend) -> Self {
+        let mut g = Gguf::open(path).unwrap();
         let model = Llama::load(&mut g, &backend).unwrap();
         let kv = model.kv_storage(BLOCK, 64).unwrap();
         Self { model, kv }

@@ -111,14 +111,15 @@ impl Grammars {
         vocab_size: usize,
     ) -> Result<Self, GrammarError> {
         let vocab_size = vocab_size.max(tokenizer.get_vocab_size(true));
-        let special = tokenizer.get_added_tokens_decoder();
+        let added = tokenizer.get_added_vocabulary().get_added_tokens_decoder();
         let words: Vec<Vec<u8>> = (0..vocab_size as u32)
-            .map(|id| match special.get(&id) {
-                // Marked special: only a grammar naming it could produce it.
-                Some(added) => {
+            .map(|id| match added.get(&id) {
+                // Marked special: only a grammar naming it could produce it. (Added tokens
+                // that are plain text, Gemma's runs of newlines or spaces, are text here too.)
+                Some(added) if added.special => {
                     [&[TokTrie::SPECIAL_TOKEN_MARKER], added.content.as_bytes()].concat()
                 }
-                None => crate::model::tokenizer::token_bytes(&tokenizer, id)
+                _ => crate::model::tokenizer::token_bytes(&tokenizer, id)
                     .unwrap_or_else(|| format!("\u{ff}<[{id}]>").into_bytes()),
             })
             .collect();

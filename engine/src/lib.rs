@@ -103,7 +103,14 @@ impl ModelInfo {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into());
         let tokenizer = Arc::new(model::tokenizer::tokenizer_from_gguf(gguf.content())?);
-        let eos = vec![gguf.u32("tokenizer.ggml.eos_token_id")?];
+        let mut eos = vec![gguf.u32("tokenizer.ggml.eos_token_id")?];
+        // A chat model ends its turn with its end-of-turn token (Gemma's `<end_of_turn>`;
+        // SmolLM2's `<|im_end|>` is its EOS already).
+        if let Some(eot) = tokenizer.token_to_id("<end_of_turn>") {
+            if !eos.contains(&eot) {
+                eos.push(eot);
+            }
+        }
         let grammars = constraint::Grammars::new(tokenizer.clone(), eos[0], 0)
             .map_err(|e| EngineError::Tokenizer(format!("grammar vocabulary: {e}")))?;
         Ok(Self {

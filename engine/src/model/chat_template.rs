@@ -23,6 +23,31 @@ use serde::{Deserialize, Serialize};
 
 use crate::{EngineError, Result};
 
+/// Gemma 3's chat format, for a Gemma 3 GGUF that ships no template (the base model's):
+/// `<bos>`, then each turn as `<start_of_turn>ROLE\n` + content + `<end_of_turn>\n`, the
+/// assistant's role named `model`, a system message folded into the first turn after a blank
+/// line (Gemma has no system role), and `<start_of_turn>model\n` to ask for an answer. Unlike
+/// Google's template it neither trims contents nor refuses roles out of alternation: contents
+/// pass through verbatim, so the split between markup and content stays known (see
+/// [`ChatTemplate::render_segments`]).
+const GEMMA3_TEMPLATE: &str = "\
+{{- bos_token -}}
+{%- if messages and messages[0].role == 'system' -%}
+  {%- set first_prefix = messages[0].content ~ '\n\n' -%}
+  {%- set turns = messages[1:] -%}
+{%- else -%}
+  {%- set first_prefix = '' -%}
+  {%- set turns = messages -%}
+{%- endif -%}
+{%- for m in turns -%}
+  {{- '<start_of_turn>' ~ ('model' if m.role == 'assistant' else m.role) ~ '\n' -}}
+  {{- first_prefix if loop.first else '' -}}
+  {{- m.content ~ '<end_of_turn>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+  {{- '<start_of_turn>model\n' -}}
+{%- endif -%}";
+
 /// The name the one compiled template is stored under in the environment.
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -72,9 +97,13 @@ impl ChatTemplate {
     /// metadata. A missing BOS or EOS id leaves that string empty, as Hugging Face does for
     /// models without one; an id outside the vocabulary is an error.
     pub fn from_gguf(content: &Content) -> Result<Self> {
+        let architecture = content.metadata.get("general.architecture");
         let template = match content.metadata.get("tokenizer.chat_template") {
             Some(Value::String(template)) => template,
             Some(_) => return Err(template_error("tokenizer.chat_template is not a string")),
+            None if matches!(architecture, Some(Value::String(a)) if a == "gemma3") => {
+                GEMMA3_TEMPLATE
+            }
             None => return Err(template_error("GGUF has no tokenizer.chat_template")),
         };
         let bos_token = token_text(content, "tokenizer.ggml.bos_token_id")?;

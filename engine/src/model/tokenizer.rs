@@ -374,7 +374,9 @@ fn bos_eos_processor(
 /// (control tokens such as `<|im_end|>`) are their own text. `None` for an id outside the
 /// vocabulary.
 pub fn token_bytes(tokenizer: &Tokenizer, id: u32) -> Option<Vec<u8>> {
-    if let Some(added) = tokenizer.get_added_tokens_decoder().get(&id) {
+    // The borrowed map: `Tokenizer::get_added_tokens_decoder` clones it, per call.
+    let added = tokenizer.get_added_vocabulary().get_added_tokens_decoder();
+    if let Some(added) = added.get(&id) {
         return Some(added.content.clone().into_bytes());
     }
     let token = tokenizer.id_to_token(id)?;

@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::llamacpp::{check, Case, Step};
+use common::llamacpp::{check, Case, Margins, Step};
 use common::reference::{Chat, Ours};
 use engine::model::Backend;
 use engine::ChatMessage;
@@ -68,5 +68,9 @@ fn our_logits_follow_llamacpps() {
             steps_flash_attn_off: &e.steps_flash_attn_off,
         })
         .collect();
-    check(&mut Ours::new(Backend::Kernels), &cases, MARGIN);
+    let margins = Margins {
+        top1: MARGIN,
+        logprobs: MARGIN,
+    };
+    check(&mut Ours::new(Backend::Kernels), &cases, margins);
 }

@@ -4,7 +4,8 @@
 //! Weights stay as their GGUF blocks hold them: per block of 32 inputs, integer codes `u` with a
 //! scale `d` and an offset `m` (f16, as in the file), `w = d·(u − z) + m`, where the zero point
 //! `z` is the format's (Q4_1: 0 with its minimum as `m`; Q4_0: 8; Q8_0: 128, its signed codes
-//! shifted to unsigned). Other formats are dequantized and requantized to 8 bits (lossy, logged).
+//! shifted to unsigned; Q5_0: 16 and Q5_1: 0, their 5-bit codes held as bytes). Other formats
+//! (the K-quants) are dequantized and requantized to 8 bits (lossy, logged).
 //!
 //! Activations are quantized per row the way ggml quantizes them before its dot products (Q8_1
 //! on x86: per block of 32, `q = round_half_even(x · 127/amax)`, `d = amax/127` and `s = d·Σq`,
@@ -125,6 +126,23 @@ struct Blocks {
     rows: Vec<Vec<BlockRow>>,
 }
 
+impl Blocks {
+    /// The same weights as 8-bit codes around zero point `zero`: every code shifted by the
+    /// difference, which `d·(u − z) + m` leaves exact. `None` when a code would leave 0..=255
+    /// (8-bit codes of another zero point).
+    fn rebase(mut self, zero: i32) -> Option<Self> {
+        let shift = u8::try_from(zero - self.zero).ok()?;
+        for block in self.rows.iter_mut().flatten() {
+            for u in &mut block.u {
+                *u = u.checked_add(shift)?;
+            }
+        }
+        self.bits = 8;
+        self.zero = zero;
+        Some(self)
+    }
+}
+
 impl Linear {
     /// Packs a GGUF weight of shape `[out_features, in_features]`.
     pub fn from_qtensor(t: &QTensor) -> candle_core::Result<Self> {
@@ -133,7 +151,9 @@ impl Linear {
 
     /// Packs several weights with the same input size as one layer whose outputs are their
     /// outputs concatenated (q/k/v, or gate/up): one pass over the activations instead of several.
-    /// Parts of different formats are all requantized to 8 bits.
+    /// Parts of different formats are held as 8-bit codes around one zero point where their
+    /// codes allow it exactly (Gemma's Q5_0 q and k beside its Q8_0 v: see [`Blocks::rebase`]),
+    /// else all requantized to 8 bits.
     pub fn from_qtensors(parts: &[&QTensor]) -> candle_core::Result<Self> {
         let mut in_features = None;
         for t in parts {
@@ -146,24 +166,29 @@ impl Linear {
             }
         }
         let in_features = in_features.unwrap_or(0);
-        let same_format = parts.windows(2).all(|w| w[0].dtype() == w[1].dtype());
-        let mut all: Option<Blocks> = None;
-        for t in parts {
-            let blocks = if same_format {
-                blocks(t)?
-            } else {
-                requantized_blocks(t)?
+        let mut each = parts
+            .iter()
+            .map(|t| blocks(t))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let form = |b: &Blocks| (b.bits, b.zero);
+        if !each.windows(2).all(|w| form(&w[0]) == form(&w[1])) {
+            each = match each.into_iter().map(|b| b.rebase(128)).collect() {
+                Some(rebased) => rebased,
+                None => parts
+                    .iter()
+                    .map(|t| requantized_blocks(t))
+                    .collect::<candle_core::Result<_>>()?,
             };
-            match &mut all {
-                Some(all) => all.rows.extend(blocks.rows),
-                None => all = Some(blocks),
-            }
         }
-        let all = all.unwrap_or(Blocks {
+        let mut each = each.into_iter();
+        let mut all = each.next().unwrap_or(Blocks {
             bits: 8,
             zero: 0,
             rows: Vec::new(),
         });
+        for blocks in each {
+            all.rows.extend(blocks.rows);
+        }
         Ok(Self::pack(all, in_features))
     }
 
@@ -577,6 +602,17 @@ fn blocks(t: &QTensor) -> candle_core::Result<Blocks> {
             m: half(&b[2..]),
             u: std::array::from_fn(|j| nibble(&b[4..], j)),
         }),
+        // 5-bit codes (a nibble and one bit of `qh`), held as 8-bit ones.
+        GgmlDType::Q5_0 => exact(8, 16, 6 + QK / 2, &|b| BlockRow {
+            d: half(b),
+            m: f16::ZERO,
+            u: std::array::from_fn(|j| five_bits(&b[2..6], &b[6..], j)),
+        }),
+        GgmlDType::Q5_1 => exact(8, 0, 8 + QK / 2, &|b| BlockRow {
+            d: half(b),
+            m: half(&b[2..]),
+            u: std::array::from_fn(|j| five_bits(&b[4..8], &b[8..], j)),
+        }),
         _ => requantized_blocks(t),
     }
 }
@@ -599,6 +635,13 @@ fn nibble(qs: &[u8], j: usize) -> u8 {
     } else {
         qs[j - QK / 2] >> 4
     }
+}
+
+/// Element `j` of a 32-value block of 5-bit codes: its low four bits as [`nibble`] reads them,
+/// its fifth bit `j` of the little-endian `qh`.
+fn five_bits(qh: &[u8], qs: &[u8], j: usize) -> u8 {
+    let high = (u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]) >> j) & 1;
+    nibble(qs, j) | (high as u8) << 4
 }
 
 /// Rows of `k` values as asymmetric 8-bit blocks: `v ≈ d·u + m`, `m` the block's minimum.
@@ -698,6 +741,8 @@ mod tests {
         for (dtype, bits) in [
             (GgmlDType::Q4_0, 4),
             (GgmlDType::Q4_1, 4),
+            (GgmlDType::Q5_0, 8),
+            (GgmlDType::Q5_1, 8),
             (GgmlDType::Q8_0, 8),
         ] {
             let (q, lin) = gguf_layer(dtype, 40, 64, 5);
@@ -711,6 +756,52 @@ mod tests {
                 assert_eq!(&lin.row(j), row, "{dtype:?} row {j}");
             }
         }
+    }
+
+    /// Fused parts of different exact formats keep their values exactly (8-bit codes around
+    /// one zero point), and their products are the parts' own; with a part that has to be
+    /// requantized, everything is.
+    #[test]
+    fn fused_formats_stay_exact_where_they_can() {
+        let k = 64;
+        let parts: Vec<QTensor> = [GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q4_1]
+            .into_iter()
+            .enumerate()
+            .map(|(i, dtype)| gguf_layer(dtype, 32 + 8 * i, k, i as u64).0)
+            .collect();
+        let fused = Linear::from_qtensors(&parts.iter().collect::<Vec<_>>()).unwrap();
+        assert_eq!(fused.bits(), 8);
+        let mut j = 0;
+        for part in &parts {
+            for row in part
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap()
+            {
+                assert_eq!(fused.row(j), row, "{:?} row {j}", part.dtype());
+                j += 1;
+            }
+        }
+        let x = input(3, k);
+        let mut y = vec![0f32; 3 * fused.out_features()];
+        fused.matmul(&x, &mut y);
+        let mut at = 0;
+        for part in &parts {
+            let alone = Linear::from_qtensor(part).unwrap();
+            let n = alone.out_features();
+            let mut z = vec![0f32; 3 * n];
+            alone.matmul(&x, &mut z);
+            for r in 0..3 {
+                let of = |v: &[f32], w: usize, o: usize| v[r * w + o..r * w + o + n].to_vec();
+                assert_eq!(of(&y, fused.out_features(), at), of(&z, n, 0));
+            }
+            at += n;
+        }
+        let k_quant = gguf_layer(GgmlDType::Q4K, 8, 256, 9).0;
+        let q8 = gguf_layer(GgmlDType::Q8_0, 8, 256, 9).0;
+        let mixed = Linear::from_qtensors(&[&k_quant, &q8]).unwrap();
+        assert_eq!(mixed.zero, 0, "requantized: codes over the whole byte");
     }
 
     /// Each output within the activations' quantization error of the exact product.

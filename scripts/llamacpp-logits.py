@@ -21,10 +21,9 @@ with an illegal instruction on some VMs), no prompt cache.
 
 import json
 import pathlib
-import subprocess
 import sys
-import time
-import urllib.request
+
+from llamacpp_server import Server, version
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 GEMMA3 = len(sys.argv) > 2 and sys.argv[2] == "gemma3"
@@ -78,40 +77,17 @@ TEXTS = [
 ]
 
 
-def post(path, body):
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{PORT}{path}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.load(resp)
-
-
 def serve(server, flash_attn):
-    proc = subprocess.Popen(
-        [server, "-m", str(MODEL), "--host", "127.0.0.1", "--port", str(PORT), "-t", "2", "--no-repack",
-         "-c", "4096", "-np", "1", "--jinja", "-fa", flash_attn],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    for _ in range(600):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=1) as resp:
-                if resp.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    sys.exit("llama-server did not start")
+    return Server(server, MODEL, PORT, ["--no-repack", "-c", "4096", "-np", "1", "--jinja", "-fa", flash_attn])
 
 
-def steps(tokens, forced=None):
+def steps(server, tokens, forced=None):
     """Top-5 log-probabilities at each of STEPS greedy steps; along `forced` tokens if given."""
     out = []
     context = list(tokens)
     for i in range(STEPS):
         body = {"prompt": context, "n_predict": 1, "n_probs": 5, "temperature": 0, "cache_prompt": False}
-        prob = post("/completion", body)["completion_probabilities"][0]
+        prob = server.post("/completion", body)["completion_probabilities"][0]
         top = [[t["id"], t["logprob"]] for t in prob["top_logprobs"]]
         token = forced[i] if forced else prob["id"]
         out.append({"token": token, "top": top})
@@ -120,9 +96,9 @@ def steps(tokens, forced=None):
 
 
 def main():
-    server = sys.argv[1]
+    binary = sys.argv[1]
     table = []
-    proc = serve(server, "on")
+    server = serve(binary, "on")
     try:
         for item in TEXTS if GEMMA3 else PROMPTS:
             if GEMMA3:
@@ -130,26 +106,23 @@ def main():
                 body = {"content": item, "add_special": True, "parse_special": True}
             else:
                 entry = {"messages": [{"role": r, "content": c} for r, c in item]}
-                text = post("/apply-template", entry)["prompt"]
+                text = server.post("/apply-template", entry)["prompt"]
                 body = {"content": text, "parse_special": True}
-            entry["tokens"] = post("/tokenize", body)["tokens"]
-            entry["steps"] = steps(entry["tokens"])
+            entry["tokens"] = server.post("/tokenize", body)["tokens"]
+            entry["steps"] = steps(server, entry["tokens"])
             table.append(entry)
     finally:
-        proc.kill()
-        proc.wait()
-    proc = serve(server, "off")
+        server.stop()
+    server = serve(binary, "off")
     try:
         for entry in table:
             forced = [s["token"] for s in entry["steps"]]
-            entry["steps_flash_attn_off"] = steps(entry["tokens"], forced)
+            entry["steps_flash_attn_off"] = steps(server, entry["tokens"], forced)
     finally:
-        proc.kill()
-        proc.wait()
-    version = subprocess.run([server, "--version"], capture_output=True, text=True)
+        server.stop()
     json.dump(
         {
-            "llama_cpp": (version.stdout + version.stderr).strip().splitlines()[-2:],
+            "llama_cpp": version(binary),
             "model": MODEL.name,
             "flags": "-t 2 --no-repack -c 4096 -np 1 --jinja; steps with -fa on, steps_flash_attn_off with -fa off",
             "prompts": table,

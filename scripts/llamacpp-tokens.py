@@ -14,10 +14,9 @@ It serves the model on 127.0.0.1 only, CPU, 2 threads.
 
 import json
 import pathlib
-import subprocess
 import sys
-import time
-import urllib.request
+
+from llamacpp_server import Server, version
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "gemma-3-270m-q4_k_m.gguf"
@@ -48,47 +47,20 @@ TEXTS = [
 ]
 
 
-def post(path, body):
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{PORT}{path}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.load(resp)
-
-
 def main():
-    server = sys.argv[1]
-    proc = subprocess.Popen(
-        [server, "-m", str(MODEL), "--host", "127.0.0.1", "--port", str(PORT), "-t", "2", "-c", "1024", "-np", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    binary = sys.argv[1]
+    server = Server(binary, MODEL, PORT, ["-c", "1024", "-np", "1"])
     try:
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=1) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            sys.exit("llama-server did not start")
         table = []
         for text in TEXTS:
-            tokens = post("/tokenize", {"content": text, "add_special": False, "parse_special": True})["tokens"]
-            decoded = post("/detokenize", {"tokens": tokens})["content"]
+            body = {"content": text, "add_special": False, "parse_special": True}
+            tokens = server.post("/tokenize", body)["tokens"]
+            decoded = server.post("/detokenize", {"tokens": tokens})["content"]
             table.append({"text": text, "tokens": tokens, "decoded": decoded})
     finally:
-        proc.kill()
-        proc.wait()
-    version = subprocess.run([server, "--version"], capture_output=True, text=True)
+        server.stop()
     json.dump(
-        {
-            "llama_cpp": (version.stdout + version.stderr).strip().splitlines()[-2:],
-            "model": MODEL.name,
-            "texts": table,
-        },
+        {"llama_cpp": version(binary), "model": MODEL.name, "texts": table},
         sys.stdout,
         indent=1,
         ensure_ascii=False,

@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::llamacpp::{check, Case, Margins, Step};
+use common::llamacpp::{check, Case, Margins};
 use common::reference::{gemma3_path, Ours};
 use engine::model::tokenizer::tokenizer_from_gguf;
 use engine::model::{Backend, Gguf};
@@ -40,9 +40,8 @@ struct Table {
 #[derive(Deserialize)]
 struct Entry {
     text: String,
-    tokens: Vec<u32>,
-    steps: Vec<Step>,
-    steps_flash_attn_off: Vec<Step>,
+    #[serde(flatten)]
+    case: Case,
 }
 
 #[test]
@@ -52,20 +51,16 @@ fn gemma3_logits_follow_llamacpps() {
     let tokenizer = tokenizer_from_gguf(Gguf::open(&gemma3_path()).unwrap().content()).unwrap();
     for entry in &table.prompts {
         let ids = tokenizer.encode(entry.text.as_str(), true).unwrap();
-        assert_eq!(ids.get_ids(), entry.tokens.as_slice(), "{:?}", entry.text);
+        assert_eq!(
+            ids.get_ids(),
+            entry.case.tokens.as_slice(),
+            "{:?}",
+            entry.text
+        );
     }
-    let cases: Vec<Case> = table
-        .prompts
-        .iter()
-        .map(|e| Case {
-            tokens: &e.tokens,
-            steps: &e.steps,
-            steps_flash_attn_off: &e.steps_flash_attn_off,
-        })
-        .collect();
     check(
         &mut Ours::load(&gemma3_path(), Backend::Kernels),
-        &cases,
+        table.prompts.iter().map(|e| &e.case),
         MARGINS,
     );
 }

@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::llamacpp::{check, Case, Margins, Step};
+use common::llamacpp::{check, Case, Margins};
 use common::reference::{Chat, Ours};
 use engine::model::Backend;
 use engine::ChatMessage;
@@ -36,9 +36,8 @@ struct Table {
 #[derive(Deserialize)]
 struct Entry {
     messages: Vec<Message>,
-    tokens: Vec<u32>,
-    steps: Vec<Step>,
-    steps_flash_attn_off: Vec<Step>,
+    #[serde(flatten)]
+    case: Case,
 }
 
 #[derive(Deserialize)]
@@ -57,20 +56,19 @@ fn our_logits_follow_llamacpps() {
             .iter()
             .map(|m| ChatMessage::new(m.role.as_str(), m.content.as_str()))
             .collect();
-        assert_eq!(chat.tokens(&messages), entry.tokens, "prompt {p}: tokens");
+        assert_eq!(
+            chat.tokens(&messages),
+            entry.case.tokens,
+            "prompt {p}: tokens"
+        );
     }
-    let cases: Vec<Case> = table
-        .prompts
-        .iter()
-        .map(|e| Case {
-            tokens: &e.tokens,
-            steps: &e.steps,
-            steps_flash_attn_off: &e.steps_flash_attn_off,
-        })
-        .collect();
     let margins = Margins {
         top1: MARGIN,
         logprobs: MARGIN,
     };
-    check(&mut Ours::new(Backend::Kernels), &cases, margins);
+    check(
+        &mut Ours::new(Backend::Kernels),
+        table.prompts.iter().map(|e| &e.case),
+        margins,
+    );
 }

@@ -13,11 +13,13 @@ pub struct Step {
     pub top: Vec<(u32, f32)>,
 }
 
-/// One prompt of a table: its tokens and llama.cpp's steps with its attention both ways.
-pub struct Case<'a> {
-    pub tokens: &'a [u32],
-    pub steps: &'a [Step],
-    pub steps_flash_attn_off: &'a [Step],
+/// One prompt of a table: its tokens and llama.cpp's steps with its attention both ways (a
+/// table's entries hold it flattened, beside what the prompt was made from).
+#[derive(Deserialize)]
+pub struct Case {
+    pub tokens: Vec<u32>,
+    pub steps: Vec<Step>,
+    pub steps_flash_attn_off: Vec<Step>,
 }
 
 /// Differences of log-probability over the tokens both lists hold.
@@ -43,15 +45,20 @@ pub struct Margins {
 /// Runs each case's prompt and llama.cpp's continuation through `ours` in one forward, and
 /// requires llama.cpp's top-1 at every step except numerical ties and the top-5
 /// log-probabilities close to llama.cpp's, both within `margins` of llama.cpp's own spread.
-pub fn check(ours: &mut Ours, cases: &[Case], margins: Margins) {
+pub fn check<'a>(ours: &mut Ours, cases: impl IntoIterator<Item = &'a Case>, margins: Margins) {
     let (mut own, mut diffs, mut own_differ) = (Vec::new(), Vec::new(), Vec::new());
     let (mut agreed, mut differ) = (0, Vec::new());
-    for (p, case) in cases.iter().enumerate() {
-        let mut context = case.tokens.to_vec();
+    for (p, case) in cases.into_iter().enumerate() {
+        let mut context = case.tokens.clone();
         context.extend(case.steps.iter().map(|s| s.token));
         context.pop();
         let logits = ours.all_logits(&context, 0);
-        for (s, (step, off)) in case.steps.iter().zip(case.steps_flash_attn_off).enumerate() {
+        for (s, (step, off)) in case
+            .steps
+            .iter()
+            .zip(&case.steps_flash_attn_off)
+            .enumerate()
+        {
             own.extend(spread(step, off));
             let gap = step.top[0].1 - step.top[1].1;
             if step.top[0].0 != off.top[0].0 {

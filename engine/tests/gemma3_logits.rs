@@ -1,8 +1,8 @@
 //! Gemma 3's logits against llama.cpp's on the same GGUF.
 //!
 //! `fixtures/llamacpp_gemma3_logits.json` (written once by `scripts/llamacpp-logits.py ...
-//! gemma3`) holds, for 10 plain-text prompts (the GGUF is the base model and has no chat
-//! template), llama.cpp's tokens (with BOS), its greedy continuation (12 steps) and its top-5
+//! gemma3`) holds, for 11 plain-text prompts (the GGUF is the base model and has no chat
+//! template; one prompt of 979 tokens runs past the sliding window), llama.cpp's tokens (with BOS), its greedy continuation (12 steps) and its top-5
 //! log-probabilities at each step, with its attention both ways. We require what
 //! `llamacpp_logits.rs` requires of SmolLM2, against the same yardstick (llama.cpp's own spread
 //! between its two attention paths), with the margin below.

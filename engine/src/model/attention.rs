@@ -88,8 +88,9 @@ pub fn paged_attention(
         .iter()
         .enumerate()
         .flat_map(|(s, seq)| {
-            // Tokens that see position 0 go in tiles of up to TILE, the rest one by one.
-            let shared = (0..seq.len).find(|&t| first(seq, t) > 0).unwrap_or(seq.len);
+            // Tokens that see position 0 (those before position `window`) go in tiles of up
+            // to TILE, the rest one by one.
+            let shared = window.map_or(seq.len, |w| w.saturating_sub(seq.pos0).min(seq.len));
             let tiled = (0..shared)
                 .step_by(TILE)
                 .map(move |t0| (s, t0, (t0 + TILE).min(shared)));

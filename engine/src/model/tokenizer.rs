@@ -47,6 +47,7 @@ const GPT2_PATTERN: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
 /// llama.cpp's `token_type` values (`llama_token_type`) that change how a token is registered.
+const TOKEN_TYPE_NORMAL: i64 = 1;
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 
@@ -208,21 +209,7 @@ fn sentencepiece_bpe(
             "tokenizer.ggml.add_space_prefix (a space before the text) is not supported".into(),
         ));
     }
-    let scores = match content.metadata.get("tokenizer.ggml.scores") {
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| match v {
-                Value::F32(x) => Ok(*x),
-                other => Err(wrong_type("tokenizer.ggml.scores", "an f32 array", other)),
-            })
-            .collect::<Result<Vec<f32>>>()?,
-        Some(other) => return Err(wrong_type("tokenizer.ggml.scores", "an array", other)),
-        None => {
-            return Err(EngineError::Tokenizer(
-                "GGUF has no tokenizer.ggml.scores".into(),
-            ))
-        }
-    };
+    let scores = f32_array(content, "tokenizer.ggml.scores")?;
     if scores.len() != tokens.len() {
         return Err(EngineError::Tokenizer(format!(
             "tokenizer.ggml.scores has {} entries for {} tokens",
@@ -268,7 +255,6 @@ fn merges_from_scores(
     token_types: &[i64],
     scores: &[f32],
 ) -> Vec<(String, String)> {
-    const TOKEN_TYPE_NORMAL: i64 = 1;
     let ids: std::collections::HashMap<&str, usize> = tokens
         .iter()
         .enumerate()
@@ -483,6 +469,23 @@ fn string_array<'a>(content: &'a Content, key: &str) -> Result<Vec<&'a str>> {
         .map(|item| match item {
             Value::String(s) => Ok(s.as_str()),
             other => Err(wrong_type(key, "an array of strings", other)),
+        })
+        .collect()
+}
+
+fn f32_array(content: &Content, key: &str) -> Result<Vec<f32>> {
+    let value = content
+        .metadata
+        .get(key)
+        .ok_or_else(|| EngineError::Tokenizer(format!("GGUF has no {key}")))?;
+    let Value::Array(items) = value else {
+        return Err(wrong_type(key, "an array of f32", value));
+    };
+    items
+        .iter()
+        .map(|item| match item {
+            Value::F32(x) => Ok(*x),
+            other => Err(wrong_type(key, "an array of f32", other)),
         })
         .collect()
 }

@@ -121,7 +121,7 @@ mod tests {
         assert_eq!(names(AgentKind::Verifier), ["verifier"]);
         for agent in registry.list(AgentKind::Specialist) {
             let n = agent.routing_examples.len();
-            assert!((8..=12).contains(&n), "{}: {n} examples", agent.name);
+            assert!(n >= 40, "{}: {n} examples", agent.name);
             assert!(agent.system_prompt.len() > 200, "{}", agent.name);
         }
         for agent in registry.agents() {

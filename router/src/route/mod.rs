@@ -13,7 +13,9 @@
 //! system agent (router, verifier), and its scores cover every answering agent.
 
 pub mod embedding;
+pub mod lexical;
 pub mod llm;
+pub mod ridge;
 
 use std::collections::BTreeMap;
 

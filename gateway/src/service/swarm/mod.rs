@@ -17,7 +17,6 @@ pub mod run;
 use std::sync::{Arc, Weak};
 
 use engine::{Embedder, Generate};
-use router::route::embedding::DEFAULT_METHOD;
 use router::{
     AgentId, AgentSpec, EmbeddingRouter, LlmRouter, Pins, Registry, Route, RoutingConfig,
     RoutingStrategy, SharedRegistry, SwarmConfig,
@@ -110,8 +109,7 @@ impl Swarm {
             inner: Arc::new(Inner {
                 registry,
                 routing: config.routing,
-                embedding: embedder
-                    .map(|e| Arc::new(EmbeddingRouter::new(e, margin, DEFAULT_METHOD))),
+                embedding: embedder.map(|e| Arc::new(EmbeddingRouter::new(e, margin))),
                 pins: transport.local_engine().cloned().map(Pins::new),
                 llm: LlmRouter::new(margin),
                 router_agent,

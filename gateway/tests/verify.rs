@@ -189,3 +189,29 @@ async fn a_judge_past_the_first_token_deadline_is_a_504() {
     assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
     assert_eq!(body["error"]["code"], "timeout", "{body}");
 }
+
+#[tokio::test]
+async fn grounding_tells_an_answer_to_the_question_from_one_to_a_neighbouring_topic() {
+    let question = "How do I check which Python version is installed on my machine?";
+    // About pythons, the snakes: its words are near the question's, its content is not.
+    let (status, snake) = verify(&json!({
+        "question": question,
+        "answer": "Pythons are large, non-venomous snakes found in Africa, Asia and Australia. \
+                   They kill their prey by constriction.",
+    }))
+    .await;
+    assert_eq!(status, StatusCode::OK, "{snake}");
+    assert_eq!(snake["verdict"], "failed", "{snake}");
+    assert_eq!(codes(&snake), ["off_topic"], "{snake}");
+    assert!(snake["grounding"].as_f64().unwrap() < 0.0, "{snake}");
+    // Too short for a sentence model to place, and grounded in the question.
+    let (status, short) = verify(&json!({
+        "question": "What is the capital of France? Answer in one word.",
+        "answer": "Paris.",
+    }))
+    .await;
+    assert_eq!(status, StatusCode::OK, "{short}");
+    assert_eq!(short["verdict"], "passed", "{short}");
+    assert!(short["relevance"].is_number(), "{short}");
+    assert!(short["grounding"].as_f64().unwrap() > 0.15, "{short}");
+}

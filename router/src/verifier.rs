@@ -6,10 +6,18 @@
 //! 1. Deterministic checks on the text ([`Verifier::check`]): empty, truncated, degenerate
 //!    repetition, refusal, invalid JSON when JSON was asked for, wrong language, a regex the
 //!    answer must match. Pure functions of the text, microseconds.
-//! 2. Relevance: the cosine of the question's and the answer's sentence embeddings; under
-//!    [`VerifierConfig::min_relevance`] the answer is off topic. The caller computes the
-//!    embeddings (it owns the embedder's threads and decides where to block) and hands the
-//!    similarity in.
+//! 2. Relevance, in two steps. First the cosine of the question's and the answer's sentence
+//!    embeddings: under [`VerifierConfig::min_relevance`] the answer is off topic. The caller
+//!    computes the embeddings (it owns the embedder's threads and decides where to block) and
+//!    hands the similarity in. An answer that a sentence model cannot place (a short one, "36"
+//!    or "Paris.", has no topic of its own) or places only near the question (an answer about
+//!    the snake to a question about the Python language shares its words) then gets its
+//!    grounding ([`Verifier::grounding`]): how much more likely the generative model finds the
+//!    answer after this question than after a neutral one, per answer token. An answer written
+//!    for the question gains (it picks up the question's names, numbers and task); one written
+//!    for another question gains nothing. Under [`VerifierConfig::min_grounding`] the answer is
+//!    off topic. Two prefills of the answer; skipped when the embeddings already put the
+//!    answer at [`VerifierConfig::confident_relevance`] or above.
 //! 3. The judge ([`Verifier::judge`]): the verifier agent's system prompt, the question and the
 //!    answer, and one forward pass of the generative model. The verdict is read from the
 //!    log-probabilities of "yes" and "no" as the next token (`score_tokens`), never from sampled
@@ -37,8 +45,8 @@ pub use language::guess as guess_language;
 pub struct VerifierConfig {
     /// Least cosine similarity between the question's and the answer's embeddings. With
     /// all-MiniLM-L6-v2, answers on topic mostly score above 0.45 and unrelated text under 0.2;
-    /// an answer from a neighbouring topic lands between, so this is a compromise that keeps
-    /// rejected good answers rare.
+    /// an answer from a neighbouring topic, and a short answer, land between, where the
+    /// grounding decides; this catches only what is plainly about something else.
     pub min_relevance: f32,
     /// Least P(yes) / (P(yes) + P(no)) from the judge. Low: with SmolLM2-135M as the verifier
     /// model the judge's scores of good and bad answers overlap (mostly 0.2 to 0.6), so it only
@@ -53,16 +61,36 @@ pub struct VerifierConfig {
     /// long text can neither push the judge's prompt past the context window nor make its
     /// encoding long work.
     pub judge_answer_chars: usize,
+    /// Least grounding (mean log-probability gain per answer token, in nats) of an answer on
+    /// topic. On the shared development set, with SmolLM2-135M, the good answers whose grounding
+    /// is measured (those under `confident_relevance`) gain 0.49 to 4.1, and the off-topic ones
+    /// -0.42 to 0.34 (one JSON answer in the asked format about the wrong product, 0.67, is
+    /// left to the embeddings). The threshold sits low in that gap, near "the question told the
+    /// model nothing": a small model's gain on a correct answer also depends on whether it knows
+    /// the answer itself, so only an answer the question does not explain is rejected.
+    pub min_grounding: f32,
+    /// Embedding similarity at and above which the answer is taken as on topic without its
+    /// grounding. The development set's off-topic answers reach 0.42.
+    pub confident_relevance: f32,
+    /// Characters of the question, and of the answer, the grounding reads.
+    pub grounding_chars: usize,
+    /// Answers of fewer words are not judged by their embedding's similarity (see
+    /// [`Verifier::verify`]).
+    pub min_relevance_words: usize,
 }
 
 impl Default for VerifierConfig {
     fn default() -> Self {
         Self {
-            min_relevance: 0.35,
+            min_relevance: 0.2,
             min_judge_score: 0.05,
             max_repetition: 0.25,
             min_repetition_words: 24,
             judge_answer_chars: 4000,
+            min_grounding: 0.15,
+            confident_relevance: 0.6,
+            grounding_chars: 1500,
+            min_relevance_words: 4,
         }
     }
 }
@@ -85,7 +113,9 @@ pub struct Verdict {
     pub score: f32,
     /// Why the answer failed; empty when it passed.
     pub reasons: Vec<String>,
-    /// The tokens the judge read and wrote; zero when it did not run.
+    /// The answer's grounding in the question, when it was measured (see the module header).
+    pub grounding: Option<f32>,
+    /// The tokens the judge and the grounding read and wrote; zero when neither ran.
     pub usage: engine::Usage,
 }
 
@@ -117,7 +147,8 @@ const REFUSALS: &[&str] = &[
     "i must decline",
     "i'm sorry, but i can",
     "i am sorry, but i can",
-    "as an ai",
+    "i don't feel comfortable",
+    "i do not feel comfortable",
     "i'm not allowed",
     "i am not allowed",
 ];
@@ -201,9 +232,30 @@ impl Verifier {
         similarity: Option<f32>,
     ) -> Result<Verdict> {
         let mut reasons = failures;
+        let mut grounding = None;
+        let mut usage = engine::Usage::default();
         if reasons.is_empty() && checks.relevance {
+            // A sentence model places an answer of a few words nowhere ("29.", "[]"): its
+            // grounding alone decides.
+            let words = candidate.answer.split_whitespace().count();
+            let similarity = similarity.filter(|_| words >= self.config.min_relevance_words);
             if let Some(similarity) = similarity {
                 reasons.extend(self.relevance(similarity));
+            }
+            let confident = similarity.is_some_and(|s| s >= self.config.confident_relevance);
+            if reasons.is_empty() && !confident {
+                let measured = self
+                    .grounding(engine, candidate.question, candidate.answer)
+                    .await?;
+                usage = measured.usage;
+                grounding = Some(measured.gain);
+                if measured.gain < self.config.min_grounding {
+                    reasons.push(format!(
+                        "off_topic: the answer gains {:.3} nats per token from the question, \
+                         under {}",
+                        measured.gain, self.config.min_grounding
+                    ));
+                }
             }
         }
         if !reasons.is_empty() {
@@ -211,7 +263,8 @@ impl Verifier {
                 passed: false,
                 score: 0.0,
                 reasons,
-                usage: engine::Usage::default(),
+                grounding,
+                usage,
             });
         }
         if !checks.judge {
@@ -219,12 +272,14 @@ impl Verifier {
                 passed: true,
                 score: 1.0,
                 reasons,
-                usage: engine::Usage::default(),
+                grounding,
+                usage,
             });
         }
-        let Judgement { score, usage } = self
+        let judgement = self
             .judge(engine, candidate.question, candidate.answer)
             .await?;
+        let score = judgement.score;
         if score < self.config.min_judge_score {
             reasons.push(format!(
                 "judge: the verifier agent's score {score:.3} is under {}",
@@ -235,7 +290,8 @@ impl Verifier {
             passed: reasons.is_empty(),
             score,
             reasons,
-            usage,
+            grounding,
+            usage: add_usage(usage, judgement.usage),
         })
     }
 
@@ -322,6 +378,129 @@ impl Verifier {
     }
 }
 
+/// The question a neutral prompt asks, against which [`Verifier::grounding`] measures the gain.
+const NEUTRAL_QUESTION: &str = "Hi";
+
+/// One answer's grounding in its question (see the module header).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Grounding {
+    /// The answer's mean log-probability per token after the question, less that after
+    /// [`NEUTRAL_QUESTION`], in nats.
+    pub gain: f32,
+    /// The two prefills.
+    pub usage: engine::Usage,
+}
+
+impl Verifier {
+    /// How much more likely the generative model finds `answer` as the reply to `question` than
+    /// as the reply to a neutral message: the mean log-probability per answer token of the two
+    /// chats, one prefill each (the prompt's log-probabilities, no sampling).
+    pub async fn grounding(
+        &self,
+        engine: &dyn Generate,
+        question: &str,
+        answer: &str,
+    ) -> Result<Grounding> {
+        let chars = self.config.grounding_chars;
+        let (question, answer) = (head(question, chars), head(answer, chars));
+        let (asked, asked_usage) = answer_logprob(engine, question, answer).await?;
+        let (neutral, neutral_usage) = answer_logprob(engine, NEUTRAL_QUESTION, answer).await?;
+        Ok(Grounding {
+            gain: asked - neutral,
+            usage: add_usage(asked_usage, neutral_usage),
+        })
+    }
+}
+
+/// The mean log-probability of `answer`'s tokens as the assistant's reply to `question`, and
+/// what the prefill cost. The texts are contents: a control token in either stays text.
+async fn answer_logprob(
+    engine: &dyn Generate,
+    question: &str,
+    answer: &str,
+) -> Result<(f32, engine::Usage)> {
+    let model = engine.model();
+    let user = ChatMessage::new("user", question);
+    let chat = |answer: &str| {
+        model.encode_chat(
+            &[user.clone(), ChatMessage::new("assistant", answer)],
+            false,
+        )
+    };
+    let header = model.encode_chat(std::slice::from_ref(&user), true)?.tokens;
+    let (full, empty) = (chat(answer)?.tokens, chat("")?.tokens);
+    // The answer starts where the chat leaves the prompt with its reply header, and ends where
+    // the markup that closes the turn (what an empty reply ends with too) begins.
+    let start = common_prefix(&header, &full).max(1);
+    let end = full.len() - common_suffix(&empty, &full).min(full.len() - start);
+    if start >= end {
+        return Err(RouterError::Judge("the answer encodes to no tokens".into()));
+    }
+    let mut events = engine
+        .submit(GenerateRequest {
+            sampling: SamplingParams::greedy(),
+            max_tokens: 1,
+            prompt_logprobs: Some(0),
+            ..GenerateRequest::new(Prompt::Tokens(full))
+        })
+        .await?;
+    let mut mean = None;
+    while let Some(event) = events.next().await {
+        match event {
+            // Entry `i` scores prompt token `i + 1`.
+            Event::PromptLogprobs(scored) => {
+                let answer = scored.get(start - 1..end - 1).unwrap_or_default();
+                if !answer.is_empty() {
+                    let sum: f32 = answer.iter().map(|t| t.logprob).sum();
+                    mean = Some(sum / answer.len() as f32);
+                }
+            }
+            Event::Delta { .. } => {}
+            Event::Finished {
+                error,
+                reason,
+                usage,
+            } => {
+                return match (mean, error) {
+                    (Some(mean), None) => Ok((mean, usage)),
+                    (_, error) => Err(RouterError::Judge(error.unwrap_or_else(|| {
+                        format!(
+                            "the grounding prefill ended ({}) before scoring",
+                            reason.as_str()
+                        )
+                    }))),
+                };
+            }
+        }
+    }
+    Err(RouterError::Judge(
+        "the engine dropped the grounding prefill".into(),
+    ))
+}
+
+/// How many leading items `a` and `b` share.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// How many trailing items `a` and `b` share.
+fn common_suffix(a: &[u32], b: &[u32]) -> usize {
+    a.iter()
+        .rev()
+        .zip(b.iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+/// Two calls' tokens together.
+fn add_usage(a: engine::Usage, b: engine::Usage) -> engine::Usage {
+    engine::Usage {
+        prompt_tokens: a.prompt_tokens + b.prompt_tokens,
+        completion_tokens: a.completion_tokens + b.completion_tokens,
+        cached_tokens: a.cached_tokens + b.cached_tokens,
+    }
+}
+
 /// The first `chars` characters of `text`.
 fn head(text: &str, chars: usize) -> &str {
     match text.char_indices().nth(chars) {
@@ -372,7 +551,9 @@ fn deterministic(
     }
     let wanted = match &checks.language {
         Some(code) => Some(code.as_str()),
-        None => language::guess(candidate.question),
+        // A translation is meant to be in another language than the request.
+        None if asks_for_translation(candidate.question) => None,
+        None => language::guess_question(candidate.question),
     };
     if let Some(wanted) = wanted {
         if let Some(found) = language::mismatch(wanted, answer) {
@@ -390,6 +571,16 @@ fn deterministic(
         }
     }
     reasons
+}
+
+/// Word stems that ask for a translation, in the languages the verifier guesses: "translate",
+/// "traduis", "traduce", "traduci", "traduza", "übersetze" and their forms.
+const TRANSLATION_STEMS: &[&str] = &["translat", "tradu", "übersetz", "ubersetz"];
+
+/// Whether `question` asks for a translation.
+fn asks_for_translation(question: &str) -> bool {
+    let lower = question.to_lowercase();
+    TRANSLATION_STEMS.iter().any(|stem| lower.contains(stem))
 }
 
 /// The answer's first sentences (at most `max`, each of a few words at least), to measure
@@ -598,11 +789,19 @@ mod tests {
 
     #[test]
     fn refusals_fail() {
-        let refused = "I'm sorry, but I can't help with that request.";
-        assert_eq!(
-            codes(&check(&candidate(Q, refused), &VerifierChecks::default())),
-            ["refusal"]
-        );
+        for refused in [
+            "I'm sorry, but I can't help with that request.",
+            "As an AI, I don't feel comfortable giving advice on that.",
+        ] {
+            assert_eq!(
+                codes(&check(&candidate(Q, refused), &VerifierChecks::default())),
+                ["refusal"]
+            );
+        }
+        // A disclaimer that goes on to help is not a refusal.
+        let helps = "As an AI I have no favourite film, but many people love Spirited Away: \
+                     a girl's journey through a spirit world, drawn by Studio Ghibli.";
+        assert!(check(&candidate(Q, helps), &VerifierChecks::default()).is_empty());
     }
 
     #[test]
@@ -633,6 +832,10 @@ mod tests {
             ..VerifierChecks::default()
         };
         assert!(check(&candidate(Q, french), &policy).is_empty());
+        // A translation is in another language by request.
+        let translate = "Translate into French: 'Use ls to list the files, and -a for the hidden \
+                         ones.'";
+        assert!(check(&candidate(translate, french), &VerifierChecks::default()).is_empty());
         assert_eq!(
             codes(&check(&candidate(Q, GOOD), &policy)),
             ["wrong_language"]

@@ -42,4 +42,8 @@ pub struct VerifyResponse {
     pub reasons: Vec<String>,
     /// Cosine similarity of the question's and the answer's embeddings, when measured.
     pub relevance: Option<f32>,
+    /// How much more likely the generative model finds the answer after this question than
+    /// after a neutral one, in nats per answer token, when measured (answers the embeddings
+    /// do not place clearly on topic).
+    pub grounding: Option<f32>,
 }

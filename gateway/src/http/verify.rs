@@ -16,8 +16,8 @@ use crate::service::verify::{deterministic, similarity};
 use crate::service::AppState;
 use crate::validate::verify::{validate_verify, ValidVerifyRequest};
 
-/// Checks an answer: deterministic checks, relevance by embeddings, and the verifier agent's
-/// judgement read from its log-probabilities.
+/// Checks an answer: deterministic checks, relevance by embeddings and by the answer's grounding
+/// in the question, and the verifier agent's judgement read from its log-probabilities.
 #[utoipa::path(post, path = "/v1/swarm/verify", tag = "swarm",
     request_body = VerifyRequest,
     responses(
@@ -62,5 +62,6 @@ pub async fn verify(
         score: verdict.score,
         reasons: verdict.reasons,
         relevance,
+        grounding: verdict.grounding,
     }))
 }

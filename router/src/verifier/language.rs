@@ -77,6 +77,9 @@ const MIN_HITS: usize = 3;
 const MIN_LEAD: f32 = 1.5;
 /// Share of a text's letters that must be in one non-Latin script for the script to decide.
 const MIN_SCRIPT_SHARE: f32 = 0.3;
+/// Letters a script needs to name a language: one Greek letter in a formula (`A = πr²`) is
+/// not Greek.
+const MIN_SCRIPT_LETTERS: usize = 4;
 
 /// The language `text` reads as, when that is clearly not `wanted`: the test for "is this
 /// answer in the language asked for". It is bolder than [`guess`], since it only needs to tell
@@ -104,8 +107,19 @@ const MIN_MISMATCH_LEAD: f32 = 2.0;
 /// The language `text` is most likely written in, as an ISO 639-1 code, or `None` when the text
 /// does not say clearly enough.
 pub fn guess(text: &str) -> Option<&'static str> {
-    script_language(text).or_else(|| latin_language(text))
+    script_language(text).or_else(|| latin_language(text, MIN_HITS))
 }
+
+/// [`guess`] for a question that an answer is compared with: a question is short ("What does
+/// HTTP status code 500 mean?" has two English function words), so two hits name its language
+/// when no other language has any. What reads as a mismatch is still decided by
+/// [`mismatch`]'s stricter rule on the answer.
+pub fn guess_question(text: &str) -> Option<&'static str> {
+    script_language(text).or_else(|| latin_language(text, MIN_QUESTION_HITS))
+}
+
+/// Function words that name a question's language (see [`guess_question`]).
+const MIN_QUESTION_HITS: usize = 2;
 
 /// Languages that a script alone identifies, when enough of the letters are in it.
 fn script_language(text: &str) -> Option<&'static str> {
@@ -135,14 +149,19 @@ fn script_language(text: &str) -> Option<&'static str> {
         return Some("ja");
     }
     let (slot, &count) = counts.iter().enumerate().max_by_key(|(_, &n)| n)?;
-    (count as f32 >= letters as f32 * MIN_SCRIPT_SHARE).then_some(CODES[slot])
+    (count >= MIN_SCRIPT_LETTERS && count as f32 >= letters as f32 * MIN_SCRIPT_SHARE)
+        .then_some(CODES[slot])
 }
 
-fn latin_language(text: &str) -> Option<&'static str> {
+fn latin_language(text: &str, min_hits: usize) -> Option<&'static str> {
+    // Only Spanish opens questions and exclamations upside down.
+    if text.contains(['¿', '¡']) {
+        return Some("es");
+    }
     let hits = latin_hits(text);
     let (best, best_hits) = hits[0];
     let runner_up = hits[1].1;
-    (best_hits >= MIN_HITS && best_hits as f32 >= runner_up as f32 * MIN_LEAD).then_some(best)
+    (best_hits >= min_hits && best_hits as f32 >= runner_up as f32 * MIN_LEAD).then_some(best)
 }
 
 /// Each Latin-script language's function-word count in `text`, most first.
@@ -189,6 +208,23 @@ mod tests {
         assert_eq!(guess("Как дела? Всё хорошо."), Some("ru"));
         assert_eq!(guess("今日はいい天気ですね。"), Some("ja"));
         assert_eq!(guess("这是一个测试。"), Some("zh"));
+        assert_eq!(guess("A = πr²"), None, "one Greek letter in a formula");
+        assert_eq!(guess("Площадь круга: S = πr²"), Some("ru"));
+    }
+
+    #[test]
+    fn a_question_needs_fewer_function_words() {
+        let question = "What does HTTP status code 500 mean?";
+        assert_eq!(guess(question), None);
+        assert_eq!(guess_question(question), Some("en"));
+        // Two languages' words in equal number still name neither.
+        assert_eq!(guess_question("the de"), None);
+    }
+
+    #[test]
+    fn inverted_marks_are_spanish() {
+        assert_eq!(guess("¿Cuánto es el 25 % de 80?"), Some("es"));
+        assert_eq!(guess("¡Hola!"), Some("es"));
     }
 
     #[test]

@@ -7,8 +7,8 @@
 //! the one at `--url`, or one started in process on `127.0.0.1:0` with the model and embedding
 //! model the flags name. Items run one at a time, so latencies are those of an idle server.
 //!
-//! The report also lists each group's relevance and judge scores, which is what thresholds are
-//! tuned on.
+//! The report also lists each group's relevance, grounding and judge scores, which is what
+//! thresholds are tuned on.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -61,6 +61,7 @@ struct Answer {
     score: f32,
     reasons: Vec<String>,
     relevance: Option<f32>,
+    grounding: Option<f32>,
 }
 
 /// One group of items (a defect, or the good answers): how many were rejected, and the scores.
@@ -72,6 +73,8 @@ struct Group {
     relevance: Vec<f32>,
     /// The same, of the items that required JSON.
     relevance_json: Vec<f32>,
+    /// Grounding of the items whose grounding was measured, ascending.
+    grounding: Vec<f32>,
     /// Judge scores of the items that reached the judge, ascending.
     judge: Vec<f32>,
     /// How often each check's code was the reason.
@@ -132,6 +135,7 @@ pub fn run(args: VerifierEvalArgs) -> Result<()> {
             true => group.relevance_json.extend(answer.relevance),
             false => group.relevance.extend(answer.relevance),
         }
+        group.grounding.extend(answer.grounding);
         let judged = !rejected || answer.reasons.iter().any(|r| r.starts_with("judge:"));
         if judged {
             group.judge.push(answer.score);
@@ -144,6 +148,7 @@ pub fn run(args: VerifierEvalArgs) -> Result<()> {
     for group in groups.values_mut() {
         group.relevance.sort_by(f32::total_cmp);
         group.relevance_json.sort_by(f32::total_cmp);
+        group.grounding.sort_by(f32::total_cmp);
         group.judge.sort_by(f32::total_cmp);
     }
     let (mut bad_rejected, mut bad_total) = (0, 0);
@@ -225,6 +230,7 @@ fn print_report(report: &Report) {
     for (name, group) in &report.groups {
         println!("{name:<16} relevance: {}", list(&group.relevance));
         println!("{:<16}   (json):  {}", "", list(&group.relevance_json));
+        println!("{:<16} grounding: {}", "", list(&group.grounding));
         println!("{:<16} judge:     {}", "", list(&group.judge));
     }
 }

@@ -79,6 +79,9 @@ pub struct ModelInfo {
     pub kv_capacity_tokens: usize,
     /// The end-of-sequence tokens.
     pub eos: Vec<u32>,
+    /// The token a raw text prompt starts with, when the model asks for one
+    /// (`tokenizer.ggml.add_bos_token`: Gemma's `<bos>`; SmolLM2 asks for none).
+    pub bos: Option<u32>,
     /// The grammar compiler for constrained output, with its cache.
     pub grammars: Arc<constraint::Grammars>,
 }
@@ -111,6 +114,12 @@ impl ModelInfo {
                 eos.push(eot);
             }
         }
+        let bos = match gguf.content().metadata.get("tokenizer.ggml.add_bos_token") {
+            Some(candle_core::quantized::gguf_file::Value::Bool(true)) => {
+                Some(gguf.u32("tokenizer.ggml.bos_token_id")?)
+            }
+            _ => None,
+        };
         let grammars = constraint::Grammars::new(tokenizer.clone(), eos[0], 0)
             .map_err(|e| EngineError::Tokenizer(format!("grammar vocabulary: {e}")))?;
         Ok(Self {
@@ -121,15 +130,34 @@ impl ModelInfo {
             context_length,
             kv_capacity_tokens: kv_capacity_tokens.unwrap_or(context_length),
             eos,
+            bos,
             grammars: Arc::new(grammars),
         })
+    }
+
+    /// Encodes a raw text prompt: special-token text in it becomes the control token, and it
+    /// starts with the model's BOS when the model asks for one and the text does not already
+    /// (as llama.cpp's server encodes completion prompts).
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?
+            .get_ids()
+            .to_vec();
+        if let Some(bos) = self.bos {
+            if !text.is_empty() && ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
     }
 
     /// Checks `request` and returns its prompt's token ids: sampling parameters the sampler can
     /// honour, at least one token to generate, stop strings within their bounds, ids in the
     /// vocabulary, a prompt that leaves room in the context window. A [`Prompt::Text`] is raw
-    /// text: special-token text in it becomes the control token (chat contents come as
-    /// [`Prompt::Tokens`] from [`ModelInfo::encode_chat`]).
+    /// text, encoded by [`ModelInfo::encode_text`] (chat contents come as [`Prompt::Tokens`]
+    /// from [`ModelInfo::encode_chat`]).
     pub fn check(&self, request: &GenerateRequest) -> Result<Vec<u32>> {
         request
             .sampling
@@ -146,12 +174,7 @@ impl ModelInfo {
         stop::check_stop_strings(&request.stop)?;
         let prompt = match &request.prompt {
             Prompt::Tokens(t) => t.clone(),
-            Prompt::Text(text) => self
-                .tokenizer
-                .encode(text.as_str(), false)
-                .map_err(|e| EngineError::Tokenizer(e.to_string()))?
-                .get_ids()
-                .to_vec(),
+            Prompt::Text(text) => self.encode_text(text)?,
         };
         if prompt.is_empty() {
             return Err(EngineError::InvalidRequest("the prompt is empty".into()));

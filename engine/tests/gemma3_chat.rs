@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::reference::gemma3_path;
+use common::reference::{gemma3_path, model_path};
 use common::{collect, request, serial};
 use engine::{ChatMessage, EngineConfig, EngineHandle, FinishReason, SamplingParams};
 
@@ -59,4 +59,23 @@ fn gemma3_knows_the_capital_of_france() {
     );
     assert!(out.text.starts_with("Paris"), "{:?}", out.text);
     assert_eq!(out.reason, FinishReason::Length);
+}
+
+/// A raw text prompt (`/v1/completions`) starts with BOS when the GGUF asks for one, as
+/// llama.cpp's server encodes it: Gemma does, SmolLM2 does not.
+#[test]
+fn raw_text_prompts_start_with_bos_when_the_model_asks() {
+    let gemma = engine::ModelInfo::load(&gemma3_path()).unwrap();
+    let bos = gemma.tokenizer.token_to_id("<bos>").unwrap();
+    assert_eq!(gemma.bos, Some(bos));
+    let hello = gemma.encode_text("Hello").unwrap();
+    assert_eq!(hello[0], bos);
+    assert_eq!(gemma.tokenizer.decode(&hello, false).unwrap(), "<bos>Hello");
+    // Written out already, it is not doubled; an empty text stays empty.
+    assert_eq!(gemma.encode_text("<bos>Hello").unwrap(), hello);
+    assert!(gemma.encode_text("").unwrap().is_empty());
+    let smollm = engine::ModelInfo::load(&model_path()).unwrap();
+    assert_eq!(smollm.bos, None);
+    let ids = smollm.encode_text("Hello").unwrap();
+    assert_eq!(smollm.tokenizer.decode(&ids, false).unwrap(), "Hello");
 }

@@ -187,12 +187,9 @@ fn check_model(name: Option<&str>, served: &str) -> Result<String, ApiError> {
 }
 
 fn tokenize(model: &ModelInfo, text: &str) -> Result<Vec<u32>, ApiError> {
-    Ok(model
-        .tokenizer
-        .encode(text, false)
-        .map_err(|e| ApiError::Internal(format!("tokenizing the prompt: {e}")))?
-        .get_ids()
-        .to_vec())
+    model
+        .encode_text(text)
+        .map_err(|e| ApiError::Internal(format!("tokenizing the prompt: {e}")))
 }
 
 /// [`GenerationOptions`] checked: what every engine request of one API request shares.

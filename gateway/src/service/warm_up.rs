@@ -113,11 +113,7 @@ impl WarmUp {
                 messages.push(ChatMessage::new("assistant", assistant_text(reply, answer)));
                 model.encode_chat(&messages, false).ok().map(|p| p.tokens)
             }
-            Before::Text(prompt) => {
-                let text = format!("{prompt}{answer}");
-                let encoding = model.tokenizer.encode(text.as_str(), false).ok()?;
-                Some(encoding.get_ids().to_vec())
-            }
+            Before::Text(prompt) => model.encode_text(&format!("{prompt}{answer}")).ok(),
         }
     }
 

@@ -1,5 +1,5 @@
-//! Shared fixtures for unit tests: the SmolLM2 GGUF under the workspace's `models/` directory,
-//! its parsed metadata, and the tokenizer built from it.
+//! Shared fixtures for unit tests: the SmolLM2 GGUF under the workspace's `models/` directory
+//! (and Gemma 3's beside it), its parsed metadata, and the tokenizer built from it.
 //!
 //! Tests need the real model file; when it is absent they panic with the command that fetches
 //! it rather than skipping, so a green run always means the tests actually ran.
@@ -12,6 +12,9 @@ use tokenizers::Tokenizer;
 
 /// The instruct model every engine unit test uses.
 pub(crate) const SMOLLM2_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The second architecture (Gemma 3), for the tests that cover both.
+pub(crate) const GEMMA3_GGUF: &str = "gemma-3-270m-q4_k_m.gguf";
 
 /// The workspace's `models/` directory (a sibling of this crate).
 pub(crate) fn models_dir() -> PathBuf {

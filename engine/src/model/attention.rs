@@ -571,27 +571,29 @@ mod avx512 {
 /// their count: `decode_with` says how, the paged decode kernel reading the cache in place, or
 /// candle operations (their block tables padded to the longest, gathered, one batched matmul, a
 /// mask of each one's length, softmax, a second matmul). Prefill chunks run one sequence at a
-/// time, from candle operations.
+/// time, from candle operations. With a `window`, a token sees the last `window` positions, as
+/// in [`paged_attention`]; its decode steps then run from candle operations whatever
+/// `decode_with` says (the kernel attends from position 0).
 pub fn paged_attention_ops(
     q: &Tensor,
     (keys, values): (&Tensor, &Tensor),
     seqs: &[SeqSlice],
     n_heads: usize,
+    window: Option<usize>,
     decode_with: DecodeAttention,
 ) -> Result<Tensor> {
     let (decode, chunks): (Vec<&SeqSlice>, Vec<&SeqSlice>) = seqs.iter().partition(|s| s.len == 1);
     let mut parts = Vec::with_capacity(chunks.len() + 1);
     let mut order: Vec<u32> = Vec::with_capacity(q.dim(0)?);
     if !decode.is_empty() {
-        let attend = match decode_with {
-            DecodeAttention::Kernel => decode_kernel,
-            DecodeAttention::Ops => decode_attention,
-        };
-        parts.push(attend(q, (keys, values), &decode, n_heads)?);
+        parts.push(match (decode_with, window) {
+            (DecodeAttention::Kernel, None) => decode_kernel(q, (keys, values), &decode, n_heads)?,
+            _ => decode_attention(q, (keys, values), &decode, n_heads, window)?,
+        });
         order.extend(decode.iter().map(|s| s.start as u32));
     }
     for seq in chunks {
-        parts.push(chunk_attention(q, (keys, values), seq, n_heads)?);
+        parts.push(chunk_attention(q, (keys, values), seq, n_heads, window)?);
         order.extend((seq.start..seq.start + seq.len).map(|r| r as u32));
     }
     let out = Tensor::cat(&parts, 0)?;
@@ -649,12 +651,18 @@ fn decode_kernel(
     op.run(&q, keys, values)
 }
 
+/// Whether a token at `last` sees position `j`: causal, and within `window` when there is one.
+fn visible(j: usize, last: usize, window: Option<usize>) -> bool {
+    j <= last && window.is_none_or(|w| j + w > last)
+}
+
 /// Attention of one-token sequences, batched: `[decode.len(), n_heads * head_dim]`.
 fn decode_attention(
     q: &Tensor,
     (keys, values): (&Tensor, &Tensor),
     decode: &[&SeqSlice],
     n_heads: usize,
+    window: Option<usize>,
 ) -> Result<Tensor> {
     let (_, n_kv_heads, block_size, hd) = keys.dims4()?;
     let (n, group) = (decode.len(), n_heads / n_kv_heads);
@@ -680,7 +688,15 @@ fn decode_attention(
     let scores = (q.matmul(&k.t()?)? * scale)?.reshape((n, n_kv_heads * group, len))?;
     let mask: Vec<f32> = decode
         .iter()
-        .flat_map(|s| (0..len).map(move |j| if j <= s.pos0 { 0.0 } else { f32::NEG_INFINITY }))
+        .flat_map(|s| {
+            (0..len).map(move |j| {
+                if visible(j, s.pos0, window) {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
         .collect();
     let mask = Tensor::from_vec(mask, (n, 1, len), device)?;
     let p = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?.reshape((
@@ -697,6 +713,7 @@ fn chunk_attention(
     (keys, values): (&Tensor, &Tensor),
     seq: &SeqSlice,
     n_heads: usize,
+    window: Option<usize>,
 ) -> Result<Tensor> {
     let (_, n_kv_heads, block_size, hd) = keys.dims4()?;
     let group = n_heads / n_kv_heads;
@@ -728,11 +745,18 @@ fn chunk_attention(
         .contiguous()?
         .reshape((n_kv_heads, rows, hd))?;
     let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?;
-    // Row `r` is token `r % len`, at position `pos0 + r % len`: it sees keys up to there.
+    // Row `r` is token `r % len`, at position `pos0 + r % len`: it sees keys up to there (and
+    // back to its window's start).
     let mask: Vec<f32> = (0..rows)
         .flat_map(|r| {
             let last = seq.pos0 + r % seq.len;
-            (0..ctx).map(move |j| if j <= last { 0.0 } else { f32::NEG_INFINITY })
+            (0..ctx).map(move |j| {
+                if visible(j, last, window) {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
         })
         .collect();
     let mask = Tensor::from_vec(mask, (1, rows, ctx), device)?;
@@ -999,9 +1023,6 @@ mod tests {
         let tokens = 14;
         let row = n_heads * layout.head_dim;
         let q: Vec<f32> = (0..tokens * row).map(|i| val(i, 3)).collect();
-        let mut expected = vec![0f32; q.len()];
-        paged_attention(&q, arrays(&kv), &seqs, n_heads, None, &mut expected);
-
         let shape = (
             num_blocks,
             layout.n_kv_heads,
@@ -1015,23 +1036,32 @@ mod tests {
             Tensor::from_vec(x, shape, &Device::Cpu).unwrap()
         };
         let (keys, values) = (wide(keys), wide(values));
-        let q = Tensor::from_vec(q, (tokens, row), &Device::Cpu).unwrap();
+        let qt = Tensor::from_vec(q.clone(), (tokens, row), &Device::Cpu).unwrap();
         // The paged decode kernel's CPU reference for the two decode steps, and candle
-        // operations for them, against the loop.
-        for decode in [DecodeAttention::Kernel, DecodeAttention::Ops] {
-            let got = paged_attention_ops(&q, (&keys, &values), &seqs, n_heads, decode)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
-            assert_eq!(got.len(), expected.len());
-            let worst = got
-                .iter()
-                .zip(&expected)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            assert!(worst < 1e-5, "{decode:?}: largest difference {worst}");
+        // operations for them, against the loop; causal, and with sliding windows narrower than
+        // a block, than a chunk, and wider than every context.
+        for window in [None, Some(1), Some(3), Some(6), Some(64)] {
+            let mut expected = vec![0f32; q.len()];
+            paged_attention(&q, arrays(&kv), &seqs, n_heads, window, &mut expected);
+            for decode in [DecodeAttention::Kernel, DecodeAttention::Ops] {
+                let got =
+                    paged_attention_ops(&qt, (&keys, &values), &seqs, n_heads, window, decode)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap();
+                assert_eq!(got.len(), expected.len());
+                let worst = got
+                    .iter()
+                    .zip(&expected)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    worst < 1e-5,
+                    "{window:?} {decode:?}: largest difference {worst}"
+                );
+            }
         }
     }
 }

@@ -5,7 +5,7 @@
 //! place of SiLU, embeddings scaled by `sqrt(hidden)`, NEOX RoPE, and five of every six layers
 //! attending over a sliding window with their own RoPE base (10,000; the global layers use
 //! `rope.freq_base`). Its norms' weights are stored with Gemma's `1 +` already applied, so they
-//! are plain RMS norms here. So far it runs on the CPU kernels only.
+//! are plain RMS norms here.
 //!
 //! Unlike candle's `quantized_llama`, the model holds only weights: the KV cache is passed in, and
 //! one forward call takes any mix of sequences, each contributing a prefill chunk or one decode
@@ -91,7 +91,10 @@ impl std::fmt::Display for DeviceWeights {
 /// One weight matrix (or several fused along the output), as the backend multiplies by it.
 enum Proj {
     Kernels(Linear),
-    Quantized(QMatMul),
+    /// The device path's matrices: one, or one per part when fused parts of different block
+    /// formats are kept as blocks (Gemma's Q5_0 q and k beside its Q8_0 v), their outputs
+    /// concatenated.
+    Quantized(Vec<QMatMul>),
 }
 
 impl Proj {
@@ -102,33 +105,58 @@ impl Proj {
             Backend::Kernels => return Ok(Self::Kernels(Linear::from_qtensors(parts)?)),
             Backend::Tensors { device, weights } => (device, weights),
         };
-        let dtype = parts[0].dtype();
         let in_features = parts[0].shape().dims2()?.1;
-        let mut bytes = Vec::new();
-        let mut out_features = 0;
         for part in parts {
-            let (n, k) = part.shape().dims2()?;
-            if part.dtype() != dtype || k != in_features {
+            if part.shape().dims2()?.1 != in_features {
                 return Err(EngineError::Model(
-                    "fused weights disagree on type or input size".into(),
+                    "fused weights disagree on input size".into(),
                 ));
             }
-            // GGML blocks never straddle rows, so rows concatenate byte for byte.
-            bytes.extend_from_slice(&part.data()?);
-            out_features += n;
         }
-        let fused = qtensor_from_ggml(dtype, &bytes, vec![out_features, in_features], device)?;
-        Ok(Self::Quantized(match weights {
-            DeviceWeights::F32 => QMatMul::Tensor(fused.dequantize(device)?),
-            DeviceWeights::F16 => QMatMul::TensorF16(fused.dequantize_f16(device)?),
-            DeviceWeights::Quantized => QMatMul::QTensor(std::sync::Arc::new(fused)),
-        }))
+        // Parts of one block format concatenate byte for byte (GGML blocks never straddle
+        // rows); each other format is a matrix of its own.
+        let mut groups: Vec<Vec<&QTensor>> = Vec::new();
+        for part in parts {
+            match groups.last_mut() {
+                Some(group) if group[0].dtype() == part.dtype() => group.push(part),
+                _ => groups.push(vec![part]),
+            }
+        }
+        let matrices = groups
+            .into_iter()
+            .map(|group| {
+                let dtype = group[0].dtype();
+                let mut bytes = Vec::new();
+                let mut out_features = 0;
+                for part in group {
+                    bytes.extend_from_slice(&part.data()?);
+                    out_features += part.shape().dims2()?.0;
+                }
+                let fused =
+                    qtensor_from_ggml(dtype, &bytes, vec![out_features, in_features], device)?;
+                Ok(match weights {
+                    DeviceWeights::F32 => QMatMul::Tensor(fused.dequantize(device)?),
+                    DeviceWeights::F16 => QMatMul::TensorF16(fused.dequantize_f16(device)?),
+                    DeviceWeights::Quantized => QMatMul::QTensor(std::sync::Arc::new(fused)),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self::Quantized(matrices))
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Self::Kernels(linear) => linear.forward(x)?,
-            Self::Quantized(q) => q.forward(x)?,
+            Self::Quantized(matrices) => match matrices.as_slice() {
+                [one] => one.forward(x)?,
+                many => {
+                    let outputs = many
+                        .iter()
+                        .map(|m| m.forward(x))
+                        .collect::<candle_core::Result<Vec<_>>>()?;
+                    Tensor::cat(&outputs, D::Minus1)?
+                }
+            },
         })
     }
 
@@ -136,8 +164,13 @@ impl Proj {
     fn bytes(&self) -> usize {
         match self {
             Self::Kernels(linear) => linear.bytes(),
-            Self::Quantized(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
-            Self::Quantized(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => tensor_bytes(t),
+            Self::Quantized(matrices) => matrices
+                .iter()
+                .map(|m| match m {
+                    QMatMul::QTensor(q) => q.storage_size_in_bytes(),
+                    QMatMul::Tensor(t) | QMatMul::TensorF16(t) => tensor_bytes(t),
+                })
+                .sum(),
         }
     }
 
@@ -149,9 +182,16 @@ impl Proj {
                 let rows = ids.iter().flat_map(|&id| linear.row(id as usize)).collect();
                 Tensor::from_vec(rows, (ids.len(), width), device)?
             }
-            Self::Quantized(q) => q
-                .embedding(&Tensor::new(ids, device)?)?
-                .to_dtype(DType::F32)?,
+            Self::Quantized(matrices) => match matrices.as_slice() {
+                [one] => one
+                    .embedding(&Tensor::new(ids, device)?)?
+                    .to_dtype(DType::F32)?,
+                _ => {
+                    return Err(EngineError::Model(
+                        "an embedding table is one matrix".into(),
+                    ))
+                }
+            },
         })
     }
 }
@@ -319,11 +359,6 @@ impl Llama {
     /// Loads the weights for `backend`, onto its device.
     pub fn load(g: &mut Gguf, backend: &Backend) -> Result<Self> {
         let config = LlamaConfig::from_gguf(g)?;
-        if config.arch == Arch::Gemma3 && !matches!(backend, Backend::Kernels) {
-            return Err(EngineError::Model(
-                "Gemma 3 runs on the CPU kernels only so far".into(),
-            ));
-        }
         let device = backend.device();
         let proj = |g: &mut Gguf, name: &str| -> Result<Proj> {
             Proj::load(&[&g.qtensor(name)?], backend)
@@ -441,7 +476,8 @@ impl Llama {
     /// RoPE tables come on top.
     pub fn device_weight_bytes(g: &Gguf, weights: DeviceWeights) -> Result<usize> {
         let c = LlamaConfig::from_gguf(g)?;
-        let rope = 2 * c.context_length * (c.rope_dim / 2) * 4;
+        let tables = if c.sliding_window.is_some() { 2 } else { 1 };
+        let rope = tables * 2 * c.context_length * (c.rope_dim / 2) * 4;
         let tensors = g.content().tensor_infos.values().map(|t| {
             let elems = t.shape.elem_count();
             match (t.shape.rank(), weights) {
@@ -567,7 +603,8 @@ impl Llama {
             }
             LayerKv::Tensors { keys, values } => {
                 let q = q.reshape((t, q_width))?;
-                paged_attention_ops(&q, (keys, values), seqs, c.n_heads, self.decode)?
+                let window = c.window(index);
+                paged_attention_ops(&q, (keys, values), seqs, c.n_heads, window, self.decode)?
             }
         };
         let post = |y: Tensor, norm: fn(&GemmaNorms) -> &Tensor| -> Result<Tensor> {
@@ -623,18 +660,19 @@ fn rope_tables(c: &LlamaConfig, base: f32, device: &Device) -> Result<(Tensor, T
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{model_path, SMOLLM2_GGUF};
+    use crate::test_support::{model_path, GEMMA3_GGUF, SMOLLM2_GGUF};
 
     /// The size a device is planned with, from the tensor list, is what loading takes, in every
-    /// weight form.
+    /// weight form (Gemma's second RoPE tables included).
     #[test]
     fn planned_weight_bytes_are_what_loading_takes() {
-        let path = model_path(SMOLLM2_GGUF);
-        for weights in [
-            DeviceWeights::F32,
-            DeviceWeights::F16,
-            DeviceWeights::Quantized,
+        for (model, weights) in [
+            (SMOLLM2_GGUF, DeviceWeights::F32),
+            (SMOLLM2_GGUF, DeviceWeights::F16),
+            (SMOLLM2_GGUF, DeviceWeights::Quantized),
+            (GEMMA3_GGUF, DeviceWeights::Quantized),
         ] {
+            let path = model_path(model);
             let mut g = Gguf::open(&path).unwrap();
             let planned = Llama::device_weight_bytes(&g, weights).unwrap();
             let backend = Backend::Tensors {
@@ -642,7 +680,7 @@ mod tests {
                 weights,
             };
             let loaded = Llama::load(&mut g, &backend).unwrap().weight_bytes();
-            assert_eq!(planned, loaded, "{weights:?}");
+            assert_eq!(planned, loaded, "{model} {weights:?}");
         }
     }
 }

@@ -442,6 +442,48 @@ mod tests {
         assert!(err.contains("more than its kv_reserve_tokens (8)"), "{err}");
     }
 
+    /// A swarm whose `math` agent runs on Gemma 3 beside the others on SmolLM2: Gemma is sized
+    /// from its own file (18 layers, one KV head of 256), both models share a device with room
+    /// for both, go to separate devices when none has room for both, and a budget that holds
+    /// neither is refused naming an agent.
+    #[test]
+    fn two_models_are_packed_by_memory() {
+        let gemma = repo("models/gemma-3-270m-q4_k_m.gguf");
+        let footprint = footprint(&gemma, SIZING).unwrap();
+        assert_eq!(footprint.kv_bytes_per_token, 18 * 2 * 256 * 4);
+        assert_eq!(
+            footprint.weight_bytes,
+            std::fs::metadata(&gemma).unwrap().len()
+        );
+        let swarm = SwarmConfig::load(&repo("swarm.toml")).unwrap();
+        let mut agents = Registry::new(swarm.agents)
+            .unwrap()
+            .agents()
+            .cloned()
+            .collect::<Vec<_>>();
+        for agent in &mut agents {
+            if agent.name.as_str() == "math" {
+                agent.model = ModelId::new("gemma-3-270m-q4_k_m").unwrap();
+            }
+        }
+        let catalog = catalog(&agents, &served(), SIZING).unwrap();
+        let plan = |list: &str| router::plan(&agents, &catalog, &devices(list));
+        let together = plan("cpu=4GiB").unwrap();
+        assert_eq!(together.devices()[0].models.len(), 2);
+        // SmolLM2 with its seven agents' reserves needs 1.41 GiB, Gemma with `math`'s 385 MiB:
+        // the larger group takes the large device, the smaller the one that just holds it (best
+        // fit), each device one model.
+        let apart = plan("cpu=2GiB,cpu1=400MiB").unwrap();
+        for device in apart.devices() {
+            assert_eq!(device.models.len(), 1, "{apart:?}");
+        }
+        let math = &apart.agents()[&router::AgentId::new("math").unwrap()];
+        assert_eq!(math.model.as_str(), "gemma-3-270m-q4_k_m");
+        assert_eq!(math.device.as_str(), "cpu1");
+        let err = plan("cpu=300MiB").unwrap_err().to_string();
+        assert!(err.starts_with("infeasible placement: agent `"), "{err}");
+    }
+
     #[test]
     fn an_unknown_model_is_an_error_naming_it() {
         let err = catalog([&agent_on("mystery-7b")], &served(), SIZING)

@@ -149,6 +149,26 @@ const REFUSALS: &[&str] = &[
     "i am sorry, but i can",
     "i don't feel comfortable",
     "i do not feel comfortable",
+    // The other languages the verifier tells apart: a user who writes in French is refused in
+    // French.
+    "je ne peux pas vous aider",
+    "je ne peux pas t'aider",
+    "je ne suis pas en mesure de",
+    "je ne peux pas répondre",
+    "no puedo ayudarte",
+    "no puedo ayudarle",
+    "no puedo ayudar con",
+    "no estoy en condiciones de",
+    "ich kann dir dabei nicht helfen",
+    "ich kann ihnen dabei nicht helfen",
+    "ich kann dabei nicht helfen",
+    "ich bin nicht in der lage",
+    "non posso aiutarti",
+    "non posso aiutarla",
+    "non sono in grado di",
+    "não posso ajudar",
+    "não consigo ajudar",
+    "não estou em condições de",
     "i'm not allowed",
     "i am not allowed",
 ];
@@ -528,8 +548,8 @@ fn deterministic(
     if checks.not_truncated {
         if candidate.finish_reason == Some(FinishReason::Length) {
             reasons.push("truncated: generation stopped at max_tokens".to_owned());
-        } else if !checks.json && ends_mid_sentence(answer) {
-            reasons.push("truncated: the answer stops in the middle of a sentence".to_owned());
+        } else if let Some(cut) = (!checks.json).then(|| cut_off(answer)).flatten() {
+            reasons.push(format!("truncated: the answer stops {cut}"));
         }
     }
     if checks.no_degenerate_repetition {
@@ -672,6 +692,24 @@ fn ends_mid_sentence(answer: &str) -> bool {
     last.is_alphanumeric() || matches!(last, ',' | ';' | '-' | '(' | '\'' | '/')
 }
 
+/// Where an answer that did not end on its own stops, if it shows: inside a code block (a fence
+/// opened and never closed), inside a table row (a row that never reaches its closing `|`), or
+/// in the middle of a sentence ([`ends_mid_sentence`]).
+fn cut_off(answer: &str) -> Option<&'static str> {
+    let fences = answer
+        .lines()
+        .filter(|line| line.trim_start().starts_with("```"))
+        .count();
+    if fences % 2 == 1 {
+        return Some("inside a code block");
+    }
+    let last_line = answer.trim_end().lines().last().unwrap_or("").trim();
+    if last_line.starts_with('|') && !last_line.ends_with('|') {
+        return Some("inside a table row");
+    }
+    ends_mid_sentence(answer).then_some("in the middle of a sentence")
+}
+
 /// Share of the answer's word 4-grams that repeat an earlier one; 0 for answers shorter than
 /// `min_words`. Loops ("the best is the best is the best ...") score near 1, prose near 0.
 fn repetition(answer: &str, min_words: usize) -> f32 {
@@ -759,10 +797,24 @@ mod tests {
             codes(&check(&candidate(Q, mid), &VerifierChecks::default())),
             ["truncated"]
         );
-        // Lists, code blocks and short lines end without a full stop and are not cut.
+        // A code block never closed, a table row never finished.
+        for (cut, place) in [
+            ("Run:\n```sh\nls -la\nfind . -name", "inside a code block"),
+            (
+                "| command | lists |\n|---|---|\n| ls | files |\n| find | fi",
+                "inside a table row",
+            ),
+        ] {
+            let reasons = check(&candidate(Q, cut), &VerifierChecks::default());
+            assert_eq!(codes(&reasons), ["truncated"], "{cut}");
+            assert!(reasons[0].ends_with(place), "{reasons:?}");
+        }
+        // Lists, code blocks, tables and short lines end without a full stop and are not cut.
         for whole in [
             "Options:\n- ls\n- find . -maxdepth 1",
             "Run:\n```sh\nls -la\n```",
+            "Run:\n```sh\nls -la\n```\nor\n```\nfind .\n```",
+            "| command | lists |\n|---|---|\n| ls | files |",
             "ls -la",
         ] {
             assert!(
@@ -796,6 +848,17 @@ mod tests {
             assert_eq!(
                 codes(&check(&candidate(Q, refused), &VerifierChecks::default())),
                 ["refusal"]
+            );
+        }
+        for refused in [
+            "Désolé, je ne peux pas vous aider avec cette demande.",
+            "Lo siento, no puedo ayudarte con eso.",
+            "Tut mir leid, ich kann dir dabei nicht helfen.",
+        ] {
+            assert!(
+                codes(&check(&candidate(Q, refused), &VerifierChecks::default()))
+                    .contains(&"refusal"),
+                "{refused}"
             );
         }
         // A disclaimer that goes on to help is not a refusal.

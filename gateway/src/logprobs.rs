@@ -76,10 +76,15 @@ impl<'a> Legacy<'a> {
         }
     }
 
-    /// Appends an echoed prompt's first token, which nothing predicts.
-    pub fn push_unscored(&mut self, out: &mut CompletionLogprobs, token: u32) {
+    /// Appends an echoed prompt's first token, which nothing predicts; `in_text`: whether it
+    /// takes characters of the text (a BOS the encoding added does not).
+    pub fn push_unscored(&mut self, out: &mut CompletionLogprobs, token: u32, in_text: bool) {
         let (token, _) = describe(self.tokenizer, token);
+        let offset = self.offset;
         self.push(out, token, None);
+        if !in_text {
+            self.offset = offset;
+        }
     }
 
     fn push(
@@ -191,7 +196,7 @@ mod tests {
         let (paris, london) = (id(" Paris"), id(" London"));
         let mut out = CompletionLogprobs::default();
         let mut legacy = Legacy::new(tokenizer(), 3);
-        legacy.push_unscored(&mut out, london);
+        legacy.push_unscored(&mut out, london, true);
         legacy.extend(
             &mut out,
             &[engine::TokenLogprob {
@@ -208,5 +213,12 @@ mod tests {
         assert_eq!(out.top_logprobs[0], None);
         let top = out.top_logprobs[1].as_ref().unwrap();
         assert_eq!((top[" Paris"], top[" London"]), (-0.25, FLOOR));
+        // A first token that is not in the echoed text (a BOS the encoding added) is listed
+        // and takes no characters.
+        let mut out = CompletionLogprobs::default();
+        let mut legacy = Legacy::new(tokenizer(), 0);
+        legacy.push_unscored(&mut out, london, false);
+        assert_eq!((out.tokens[0].as_str(), out.text_offset[0]), (" London", 0));
+        assert_eq!(legacy.offset(), 0);
     }
 }

@@ -165,7 +165,6 @@ const REFUSALS: &[&str] = &[
     "ich bin nicht in der lage",
     "non posso aiutarti",
     "non posso aiutarla",
-    "non sono in grado di",
     "não posso ajudar",
     "não consigo ajudar",
     "não estou em condições de",
@@ -241,8 +240,10 @@ impl Verifier {
     /// Runs `checks` on `candidate`: the deterministic ones, whose failures the caller passes
     /// as `failures` (what [`Verifier::check`] gave for this candidate: they read the whole
     /// answer, so callers run them off the async threads), then relevance when `similarity`
-    /// (the question's and answer's cosine) is given and `checks.relevance` asks for it, then
-    /// the judge when `checks.judge` asks for it. Stops at the first kind that fails.
+    /// (the question's and answer's cosine) is given and `checks.relevance` asks for it, and the
+    /// grounding when relevance is asked for and the similarity is absent or short of
+    /// [`VerifierConfig::confident_relevance`], then the judge when `checks.judge` asks for it.
+    /// Stops at the first kind that fails.
     pub async fn verify(
         &self,
         engine: &dyn Generate,
@@ -257,7 +258,11 @@ impl Verifier {
         if reasons.is_empty() && checks.relevance {
             // A sentence model places an answer of a few words nowhere ("29.", "[]"): its
             // grounding alone decides.
-            let words = candidate.answer.split_whitespace().count();
+            let words = candidate
+                .answer
+                .split_whitespace()
+                .take(self.config.min_relevance_words)
+                .count();
             let similarity = similarity.filter(|_| words >= self.config.min_relevance_words);
             if let Some(similarity) = similarity {
                 reasons.extend(self.relevance(similarity));
@@ -425,8 +430,14 @@ impl Verifier {
         let (question, answer) = (head(question, chars), head(answer, chars));
         let (asked, asked_usage) = answer_logprob(engine, question, answer).await?;
         let (neutral, neutral_usage) = answer_logprob(engine, NEUTRAL_QUESTION, answer).await?;
+        let gain = asked - neutral;
+        if !gain.is_finite() {
+            return Err(RouterError::Judge(format!(
+                "the grounding prefills scored the answer {asked} and {neutral}"
+            )));
+        }
         Ok(Grounding {
-            gain: asked - neutral,
+            gain,
             usage: add_usage(asked_usage, neutral_usage),
         })
     }
@@ -522,7 +533,7 @@ fn add_usage(a: engine::Usage, b: engine::Usage) -> engine::Usage {
 }
 
 /// The first `chars` characters of `text`.
-fn head(text: &str, chars: usize) -> &str {
+pub(crate) fn head(text: &str, chars: usize) -> &str {
     match text.char_indices().nth(chars) {
         Some((end, _)) => &text[..end],
         None => text,
@@ -696,15 +707,24 @@ fn ends_mid_sentence(answer: &str) -> bool {
 /// opened and never closed), inside a table row (a row that never reaches its closing `|`), or
 /// in the middle of a sentence ([`ends_mid_sentence`]).
 fn cut_off(answer: &str) -> Option<&'static str> {
+    // A fence is a line of its own: three backticks and an optional language, not inline code.
     let fences = answer
         .lines()
-        .filter(|line| line.trim_start().starts_with("```"))
+        .filter(|line| {
+            let line = line.trim();
+            line.starts_with("```") && !line[3..].contains('`')
+        })
         .count();
     if fences % 2 == 1 {
         return Some("inside a code block");
     }
-    let last_line = answer.trim_end().lines().last().unwrap_or("").trim();
-    if last_line.starts_with('|') && !last_line.ends_with('|') {
+    // A table row that stops short of the closing `|` its table's rows have.
+    let mut lines = answer.trim_end().lines().rev().map(str::trim);
+    let last_line = lines.next().unwrap_or("");
+    let closed_table = lines
+        .next()
+        .is_some_and(|row| row.starts_with('|') && row.ends_with('|'));
+    if closed_table && last_line.starts_with('|') && !last_line.ends_with('|') {
         return Some("inside a table row");
     }
     ends_mid_sentence(answer).then_some("in the middle of a sentence")
@@ -814,6 +834,8 @@ mod tests {
             "Options:\n- ls\n- find . -maxdepth 1",
             "Run:\n```sh\nls -la\n```",
             "Run:\n```sh\nls -la\n```\nor\n```\nfind .\n```",
+            "```ls``` lists the files; `ls -a` the hidden ones too.",
+            "command | lists\n--- | ---\nls | files",
             "| command | lists |\n|---|---|\n| ls | files |",
             "ls -la",
         ] {

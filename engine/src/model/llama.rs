@@ -246,6 +246,12 @@ impl LlamaConfig {
         4 * (step_tokens * per_token + attention)
     }
 
+    /// Whether the sliding-window layers rotate with RoPE tables of their own (a base of their
+    /// own).
+    fn has_local_rope(&self) -> bool {
+        self.sliding_window.is_some() && self.rope_theta_local != self.rope_theta
+    }
+
     /// The sliding window of layer `layer`, if it has one.
     pub fn window(&self, layer: usize) -> Option<usize> {
         match self.arch {
@@ -291,7 +297,11 @@ impl LlamaConfig {
             rope_neox: gemma,
             context_length: g.u32(&key("context_length"))? as usize,
             sliding_window: match gemma {
-                true => Some(g.u32(&key("attention.sliding_window"))? as usize),
+                true => match g.u32(&key("attention.sliding_window"))? {
+                    // A window of nothing would leave every token nothing to attend to.
+                    0 => return Err(EngineError::Model("attention.sliding_window is 0".into())),
+                    w => Some(w as usize),
+                },
                 false => None,
             },
             rope_theta_local: g
@@ -402,11 +412,9 @@ impl Llama {
             false => None,
         };
         let (cos, sin) = rope_tables(&config, config.rope_theta, &device)?;
-        let local_rope = match config.sliding_window {
-            Some(_) if config.rope_theta_local != config.rope_theta => {
-                Some(rope_tables(&config, config.rope_theta_local, &device)?)
-            }
-            _ => None,
+        let local_rope = match config.has_local_rope() {
+            true => Some(rope_tables(&config, config.rope_theta_local, &device)?),
+            false => None,
         };
         let decode = match kernel_fits(config.head_dim) {
             true => DecodeAttention::Kernel,
@@ -476,7 +484,7 @@ impl Llama {
     /// RoPE tables come on top.
     pub fn device_weight_bytes(g: &Gguf, weights: DeviceWeights) -> Result<usize> {
         let c = LlamaConfig::from_gguf(g)?;
-        let tables = if c.sliding_window.is_some() { 2 } else { 1 };
+        let tables = if c.has_local_rope() { 2 } else { 1 };
         let rope = tables * 2 * c.context_length * (c.rope_dim / 2) * 4;
         let tensors = g.content().tensor_infos.values().map(|t| {
             let elems = t.shape.elem_count();

@@ -70,7 +70,19 @@ pub async fn create(
         .iter()
         .map(|p| if echo { p.text.clone() } else { String::new() })
         .collect();
-    let first_tokens = prompts.iter().map(|p| p.first_token).collect();
+    // A BOS the model's encoding put in front is not in the prompt's text: it takes no
+    // characters of the echo.
+    let bos_text = model_info
+        .bos
+        .and_then(|bos| model_info.tokenizer.id_to_token(bos));
+    let first_tokens = prompts
+        .iter()
+        .map(|p| {
+            let added = model_info.bos == Some(p.first_token)
+                && bos_text.as_deref().is_some_and(|b| !p.text.starts_with(b));
+            (p.first_token, !added)
+        })
+        .collect();
     let warm_up = match &prompts[..] {
         [only] if speculative_prefill => {
             let text = only.text.clone();
@@ -142,8 +154,9 @@ struct TextAnswer {
     include_usage: bool,
     /// Per prompt: the text each of its choices starts with (empty without `echo`).
     echoed: Vec<String>,
-    /// Per prompt: its first token.
-    first_tokens: Vec<u32>,
+    /// Per prompt: its first token, and whether it stands in the prompt's text (not a BOS the
+    /// encoding added).
+    first_tokens: Vec<(u32, bool)>,
     /// Whether the echoed prompts come with their log-probabilities.
     echo_logprobs: bool,
     n: usize,
@@ -168,7 +181,8 @@ impl TextAnswer {
         let mut out = CompletionLogprobs::default();
         if let Some(prompt) = prompt {
             let mut legacy = Legacy::new(tokenizer, 0);
-            legacy.push_unscored(&mut out, self.first_tokens[index / self.n]);
+            let (token, in_text) = self.first_tokens[index / self.n];
+            legacy.push_unscored(&mut out, token, in_text);
             legacy.extend(&mut out, prompt);
         }
         let mut legacy = Legacy::new(tokenizer, self.offsets[index]);

@@ -40,6 +40,7 @@ use engine::Embedder;
 use super::lexical::{NgramIdf, NgramVector};
 use super::ridge::Ridge;
 use super::{answering_agents, decide, Route};
+use crate::verifier::head;
 use crate::{AgentId, AgentSpec, Registry, Result, RouterError, RoutingStrategy};
 
 /// The nearest neighbours' half scores an agent by the mean similarity of its this many anchors
@@ -57,6 +58,14 @@ pub const TEMPERATURE: f32 = 0.05;
 
 /// The softmax temperature over the ridge model's scores.
 pub const RIDGE_TEMPERATURE: f32 = 0.1;
+
+/// Anchors beyond which the ridge model is not fitted (its solve grows with their cube: a few
+/// milliseconds for the default swarm's 450, about a second at this bound) and the nearest
+/// neighbours score alone.
+pub const RIDGE_MAX_ANCHORS: usize = 1500;
+
+/// Characters of a request its n-gram vector reads (MiniLM reads its first 256 tokens).
+const QUERY_CHARS: usize = 2000;
 
 /// The ridge model's share of the scores; the nearest neighbours' distribution has the rest.
 /// Cross-validated over the default swarm's examples: neighbours alone 75%, ridge alone 80%,
@@ -83,8 +92,9 @@ struct Index {
     agents: BTreeMap<AgentId, IndexedAgent>,
     /// The n-gram weights over every anchor of the snapshot.
     idf: NgramIdf,
-    /// Fitted over every anchor, the agents in `agents`' order.
-    ridge: Ridge,
+    /// Fitted over every anchor, the agents in `agents`' order; `None` past
+    /// [`RIDGE_MAX_ANCHORS`].
+    ridge: Option<Ridge>,
 }
 
 /// Routes by embeddings; see the module header. Shared by reference between requests.
@@ -128,7 +138,7 @@ impl EmbeddingRouter {
         };
         let query = Query {
             dense: query.vector,
-            ngrams: index.idf.vector(text),
+            ngrams: index.idf.vector(head(text, QUERY_CHARS)),
         };
         let similarities: Vec<Vec<f32>> = index
             .agents
@@ -136,11 +146,13 @@ impl EmbeddingRouter {
             .map(|agent| agent.similarities(&query))
             .collect();
         let neighbours: Vec<f32> = similarities.iter().map(|s| nearest(s)).collect();
-        let ridge = index.ridge.scores(&similarities.concat());
-        let shares = softmax(&neighbours, TEMPERATURE)
-            .into_iter()
-            .zip(softmax(&ridge, RIDGE_TEMPERATURE))
-            .map(|(n, r)| (1.0 - RIDGE_SHARE) * n + RIDGE_SHARE * r);
+        let mut shares = softmax(&neighbours, TEMPERATURE);
+        if let Some(ridge) = &index.ridge {
+            let ridge = softmax(&ridge.scores(&similarities.concat()), RIDGE_TEMPERATURE);
+            for (share, r) in shares.iter_mut().zip(ridge) {
+                *share = (1.0 - RIDGE_SHARE) * *share + RIDGE_SHARE * r;
+            }
+        }
         let scores = index.agents.keys().cloned().zip(shares).collect();
         Ok(Route {
             agent: decide(registry, &scores, self.margin),
@@ -219,9 +231,9 @@ fn nearest(similarities: &[f32]) -> f32 {
     similar.iter().take(k).sum::<f32>() / k as f32
 }
 
-/// The ridge model over every anchor of `agents`, with the similarity of [`IndexedAgent::similarities`]
-/// as its kernel.
-fn fit_ridge(agents: &BTreeMap<AgentId, IndexedAgent>) -> Result<Ridge> {
+/// The ridge model over every anchor of `agents`, with the similarity of
+/// [`IndexedAgent::similarities`] as its kernel; `None` past [`RIDGE_MAX_ANCHORS`].
+fn fit_ridge(agents: &BTreeMap<AgentId, IndexedAgent>) -> Result<Option<Ridge>> {
     let anchors: Vec<(&[f32], &NgramVector, usize)> = agents
         .values()
         .enumerate()
@@ -235,6 +247,9 @@ fn fit_ridge(agents: &BTreeMap<AgentId, IndexedAgent>) -> Result<Ridge> {
         })
         .collect();
     let n = anchors.len();
+    if n > RIDGE_MAX_ANCHORS {
+        return Ok(None);
+    }
     let mut kernel = vec![0.0f64; n * n];
     for (i, (vi, ni, _)) in anchors.iter().enumerate() {
         for (j, (vj, nj, _)) in anchors.iter().enumerate().take(i + 1) {
@@ -244,11 +259,13 @@ fn fit_ridge(agents: &BTreeMap<AgentId, IndexedAgent>) -> Result<Ridge> {
         }
     }
     let labels: Vec<usize> = anchors.iter().map(|a| a.2).collect();
-    Ridge::fit(&kernel, &labels, agents.len()).ok_or_else(|| {
-        RouterError::Invariant(
-            "the routing anchors' similarity matrix is not positive definite".into(),
-        )
-    })
+    Ridge::fit(&kernel, &labels, agents.len())
+        .map(Some)
+        .ok_or_else(|| {
+            RouterError::Invariant(
+                "the routing anchors' similarity matrix is not positive definite".into(),
+            )
+        })
 }
 
 /// A request as the index compares it.

@@ -61,6 +61,9 @@ impl Ridge {
     /// (in the anchors' order).
     pub fn scores(&self, similarities: &[f32]) -> Vec<f32> {
         let mut scores = vec![0.0f32; self.classes];
+        if self.classes == 0 {
+            return scores;
+        }
         for (s, row) in similarities
             .iter()
             .zip(self.coefficients.chunks_exact(self.classes))

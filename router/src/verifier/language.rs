@@ -112,7 +112,7 @@ pub fn guess(text: &str) -> Option<&'static str> {
 
 /// [`guess`] for a question that an answer is compared with: a question is short ("What does
 /// HTTP status code 500 mean?" has two English function words), so two hits name its language
-/// when no other language has any. What reads as a mismatch is still decided by
+/// when they lead the runner-up as [`guess`]'s do. What reads as a mismatch is still decided by
 /// [`mismatch`]'s stricter rule on the answer.
 pub fn guess_question(text: &str) -> Option<&'static str> {
     script_language(text).or_else(|| latin_language(text, MIN_QUESTION_HITS))
@@ -154,10 +154,6 @@ fn script_language(text: &str) -> Option<&'static str> {
 }
 
 fn latin_language(text: &str, min_hits: usize) -> Option<&'static str> {
-    // Only Spanish opens questions and exclamations upside down.
-    if text.contains(['¿', '¡']) {
-        return Some("es");
-    }
     let hits = latin_hits(text);
     let (best, best_hits) = hits[0];
     let runner_up = hits[1].1;
@@ -171,9 +167,17 @@ fn latin_hits(text: &str) -> Vec<(&'static str, usize)> {
         .split(|c: char| !c.is_alphanumeric())
         .filter(|w| !w.is_empty())
         .collect();
+    // Only Spanish opens questions and exclamations upside down: each mark counts as a word.
+    let inverted = text.chars().filter(|c| matches!(c, '¿' | '¡')).count();
     let mut hits: Vec<(&'static str, usize)> = STOPWORDS
         .iter()
-        .map(|(code, list)| (*code, words.iter().filter(|w| list.contains(w)).count()))
+        .map(|(code, list)| {
+            let marks = if *code == "es" { inverted } else { 0 };
+            (
+                *code,
+                marks + words.iter().filter(|w| list.contains(w)).count(),
+            )
+        })
         .collect();
     hits.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
     hits
@@ -222,9 +226,14 @@ mod tests {
     }
 
     #[test]
-    fn inverted_marks_are_spanish() {
+    fn inverted_marks_count_for_spanish() {
         assert_eq!(guess("¿Cuánto es el 25 % de 80?"), Some("es"));
-        assert_eq!(guess("¡Hola!"), Some("es"));
+        assert_eq!(guess_question("¡Hola! ¿Qué tal?"), Some("es"));
+        // Quoted Spanish in an English question leaves it English.
+        assert_eq!(
+            guess_question("What does '¿Qué hora es?' mean in English and how do I answer it?"),
+            Some("en")
+        );
     }
 
     #[test]

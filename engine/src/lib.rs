@@ -114,11 +114,9 @@ impl ModelInfo {
                 eos.push(eot);
             }
         }
-        let bos = match gguf.content().metadata.get("tokenizer.ggml.add_bos_token") {
-            Some(candle_core::quantized::gguf_file::Value::Bool(true)) => {
-                Some(gguf.u32("tokenizer.ggml.bos_token_id")?)
-            }
-            _ => None,
+        let bos = match model::tokenizer::adds_bos(gguf.content())? {
+            true => Some(gguf.u32("tokenizer.ggml.bos_token_id")?),
+            false => None,
         };
         let grammars = constraint::Grammars::new(tokenizer.clone(), eos[0], 0)
             .map_err(|e| EngineError::Tokenizer(format!("grammar vocabulary: {e}")))?;

@@ -127,7 +127,7 @@ pub fn tokenizer_from_gguf(content: &Content) -> Result<Tokenizer> {
     tokenizer.add_special_tokens(special).map_err(tk)?;
     tokenizer.add_tokens(user_defined).map_err(tk)?;
 
-    let add_bos = optional_bool(content, "tokenizer.ggml.add_bos_token")?.unwrap_or(false);
+    let add_bos = adds_bos(content)?;
     let add_eos = optional_bool(content, "tokenizer.ggml.add_eos_token")?.unwrap_or(false);
     let bos = match (add_bos, bos) {
         (false, _) => None,
@@ -436,6 +436,11 @@ fn optional_str<'a>(content: &'a Content, key: &str) -> Result<Option<&'a str>> 
     }
 }
 
+/// Whether the model wants BOS in front of what it encodes (`tokenizer.ggml.add_bos_token`).
+pub(crate) fn adds_bos(content: &Content) -> Result<bool> {
+    Ok(optional_bool(content, "tokenizer.ggml.add_bos_token")?.unwrap_or(false))
+}
+
 fn optional_bool(content: &Content, key: &str) -> Result<Option<bool>> {
     match content.metadata.get(key) {
         None => Ok(None),
@@ -457,36 +462,36 @@ fn optional_u32(content: &Content, key: &str) -> Result<Option<u32>> {
 }
 
 fn string_array<'a>(content: &'a Content, key: &str) -> Result<Vec<&'a str>> {
-    let value = content
-        .metadata
-        .get(key)
-        .ok_or_else(|| EngineError::Tokenizer(format!("GGUF has no {key}")))?;
-    let Value::Array(items) = value else {
-        return Err(wrong_type(key, "an array of strings", value));
-    };
-    items
-        .iter()
-        .map(|item| match item {
-            Value::String(s) => Ok(s.as_str()),
-            other => Err(wrong_type(key, "an array of strings", other)),
-        })
-        .collect()
+    array(content, key, "an array of strings", |item| match item {
+        Value::String(s) => Some(s.as_str()),
+        _ => None,
+    })
 }
 
 fn f32_array(content: &Content, key: &str) -> Result<Vec<f32>> {
+    array(content, key, "an array of f32", |item| match item {
+        Value::F32(x) => Some(*x),
+        _ => None,
+    })
+}
+
+/// The array at `key`, each item read by `read` (`None`: not `what`).
+fn array<'a, T>(
+    content: &'a Content,
+    key: &str,
+    what: &str,
+    read: impl Fn(&'a Value) -> Option<T>,
+) -> Result<Vec<T>> {
     let value = content
         .metadata
         .get(key)
         .ok_or_else(|| EngineError::Tokenizer(format!("GGUF has no {key}")))?;
     let Value::Array(items) = value else {
-        return Err(wrong_type(key, "an array of f32", value));
+        return Err(wrong_type(key, what, value));
     };
     items
         .iter()
-        .map(|item| match item {
-            Value::F32(x) => Ok(*x),
-            other => Err(wrong_type(key, "an array of f32", other)),
-        })
+        .map(|item| read(item).ok_or_else(|| wrong_type(key, what, item)))
         .collect()
 }
 

@@ -121,10 +121,12 @@ fn seeded_sampling_gives_the_same_tokens_alone_and_batched() {
 fn preemption_by_recompute_changes_no_token() {
     let _serial = serial();
     let roomy = EngineHandle::start(&config(256)).unwrap();
-    // About 24 blocks of 16 tokens for 8 sequences that each grow to ~100 tokens, and no host
-    // tier to swap to.
+    // 24 blocks of 16 tokens for 8 sequences that each grow to ~100 tokens (7 blocks), and no
+    // host tier to swap to. (Sized in blocks: 18 MiB made 51 of SmolLM2's f16 blocks, which
+    // some arrival orders of the 8 requests never outgrew.)
     let tight = EngineHandle::start(&EngineConfig {
         host_kv_cache_mb: 0,
+        device_kv_blocks: Some(24),
         ..config(18)
     })
     .unwrap();

@@ -17,6 +17,16 @@ pub struct EngineConfig {
         default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
     )]
     pub model: PathBuf,
+    /// More GGUF models for the same engine (repeat the flag, or separate them with commas):
+    /// one scheduler batches every model's sequences, and their KV blocks come from one pool
+    /// (each block the size of the largest model's), so memory moves to whichever model the
+    /// load is on. Requests name a model by its file's stem; the first model is the default.
+    #[arg(
+        long = "extra-model",
+        env = "SWARMGATE_EXTRA_MODELS",
+        value_delimiter = ','
+    )]
+    pub extra_models: Vec<PathBuf>,
     /// Where the model runs: `cpu`, or `cuda:N` (a build with the `cuda` feature).
     #[arg(long, env = "SWARMGATE_DEVICE", default_value = "cpu")]
     pub device: DeviceSpec,
@@ -85,6 +95,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             model: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            extra_models: Vec::new(),
             device: DeviceSpec::Cpu,
             kv_cache_mb: 1024,
             gpu_weights: DeviceWeights::F32,

@@ -59,6 +59,8 @@ const STALLED_POLL: Duration = Duration::from_millis(10);
 /// A request on its way to the engine loop.
 pub(crate) struct Submission {
     pub id: RequestId,
+    /// The index of the model that runs it.
+    pub model: usize,
     pub prompt: Vec<u32>,
     pub request: GenerateRequest,
     /// The request's grammar, compiled by the submitter.
@@ -73,6 +75,7 @@ pub(crate) enum Command {
     /// the number of blocks pinned (dropped unsent if the prefill fails).
     Pin {
         id: u64,
+        model: usize,
         prompt: Vec<u32>,
         pinned: tokio::sync::oneshot::Sender<usize>,
     },
@@ -172,13 +175,35 @@ pub struct EngineStats {
     /// Blocks copied between the tiers (either way), and the time the copies took.
     pub copied_blocks: AtomicU64,
     pub copy_nanos: AtomicU64,
+    /// Per model, in the engine's order of its models.
+    pub models: Vec<ModelStats>,
     kv: Mutex<KvSnapshot>,
 }
 
+/// Live figures of one of the engine's models.
+#[derive(Debug, Default)]
+pub struct ModelStats {
+    pub id: String,
+    pub running: AtomicUsize,
+    pub waiting: AtomicUsize,
+    pub prefill_tokens: AtomicU64,
+    pub decode_tokens: AtomicU64,
+    /// Device blocks its sequences hold now (each counted once, however many share it): its
+    /// share of the pool the models draw from.
+    pub kv_blocks: AtomicUsize,
+}
+
 impl EngineStats {
-    pub(crate) fn new(memory: DeviceMemory) -> Self {
+    pub(crate) fn new(memory: DeviceMemory, models: impl IntoIterator<Item = String>) -> Self {
         Self {
             memory,
+            models: models
+                .into_iter()
+                .map(|id| ModelStats {
+                    id,
+                    ..ModelStats::default()
+                })
+                .collect(),
             ..Self::default()
         }
     }
@@ -190,6 +215,8 @@ impl EngineStats {
 
 /// What the engine loop keeps per request besides its [`Sequence`].
 struct Output {
+    /// The model that runs it.
+    model: usize,
     events: Sender<Event>,
     sampler: Sampler,
     text: TextStream,
@@ -222,28 +249,34 @@ enum StepOutput {
     Tokens(Vec<u32>),
 }
 
+/// One of the models the loop runs, and what its requests' outputs need of it.
+pub(crate) struct Lane {
+    pub model: Llama,
+    pub tokenizer: Arc<Tokenizer>,
+    pub eos: Vec<u32>,
+    /// Mixed into its blocks' hashes (see [`crate::kv_cache::prefix::model_salt`]).
+    pub salt: u64,
+}
+
 /// Everything the engine loop is built from.
 pub(crate) struct LoopSetup {
-    pub model: Llama,
+    /// The models, their blocks all drawn from `storage` and `kv`'s one pool.
+    pub lanes: Vec<Lane>,
     pub storage: KvStorage,
     pub host: HostStore,
     pub kv: KvConfig,
     pub scheduler: SchedulerConfig,
-    pub tokenizer: Arc<Tokenizer>,
-    pub eos: Vec<u32>,
     /// Order waiting work by its run's first arrival.
     pub run_scheduling: bool,
 }
 
 pub(crate) struct EngineLoop {
-    model: Llama,
+    lanes: Vec<Lane>,
     storage: KvStorage,
     host: HostStore,
     scheduler: Scheduler,
     pins: HashMap<u64, Pin>,
     outputs: HashMap<RequestId, Output>,
-    tokenizer: Arc<Tokenizer>,
-    eos: Vec<u32>,
     commands: Receiver<Command>,
     next_arrival: u64,
     runs: Runs,
@@ -257,24 +290,20 @@ pub(crate) struct EngineLoop {
 impl EngineLoop {
     pub fn new(setup: LoopSetup, commands: Receiver<Command>, stats: Arc<EngineStats>) -> Self {
         let LoopSetup {
-            model,
+            lanes,
             storage,
             host,
             kv,
             scheduler,
-            tokenizer,
-            eos,
             run_scheduling,
         } = setup;
         Self {
-            model,
+            lanes,
             storage,
             host,
             scheduler: Scheduler::new(scheduler, KvManager::new(kv)),
             pins: HashMap::new(),
             outputs: HashMap::new(),
-            tokenizer,
-            eos,
             commands,
             next_arrival: 0,
             runs: Runs::default(),
@@ -416,22 +445,22 @@ impl EngineLoop {
             Command::Submit(s) => {
                 let Submission {
                     id,
+                    model,
                     prompt,
                     request,
                     constraint,
                     events,
                     slot,
                 } = *s;
-                self.admit(
-                    id,
-                    prompt,
-                    request,
-                    constraint,
-                    events,
-                    Origin::Client(slot),
-                );
+                let submitted = (id, model, prompt);
+                self.admit(submitted, request, constraint, events, Origin::Client(slot));
             }
-            Command::Pin { id, prompt, pinned } => {
+            Command::Pin {
+                id,
+                model,
+                prompt,
+                pinned,
+            } => {
                 let (events, rx) = crate::event_channel();
                 let request = GenerateRequest {
                     sampling: crate::SamplingParams::greedy(),
@@ -447,8 +476,8 @@ impl EngineLoop {
                     },
                 );
                 // Internal requests use ids above any the handle gives out.
-                let request_id = RequestId(u64::MAX - id);
-                self.admit(request_id, prompt, request, None, events, Origin::Pin(id));
+                let submitted = (RequestId(u64::MAX - id), model, prompt);
+                self.admit(submitted, request, None, events, Origin::Pin(id));
             }
             Command::Unpin { id } => match self.pins.remove(&id) {
                 Some(Pin::Pinned(keys)) => self.scheduler.kv().unpin(&keys),
@@ -458,10 +487,10 @@ impl EngineLoop {
         }
     }
 
+    /// Takes in request `id` for the model with index `model`, its prompt checked.
     fn admit(
         &mut self,
-        id: RequestId,
-        prompt: Vec<u32>,
+        (id, model, prompt): (RequestId, usize, Vec<u32>),
         request: GenerateRequest,
         constraint: Option<Constraint>,
         events: Sender<Event>,
@@ -471,9 +500,10 @@ impl EngineLoop {
             Origin::Client(slot) => (Some(slot), None),
             Origin::Pin(pin) => (None, Some(pin)),
         };
+        let lane = &self.lanes[model];
         let mut stop_tokens = request.stop_token_ids.clone();
         if !request.ignore_eos {
-            stop_tokens.extend(&self.eos);
+            stop_tokens.extend(&lane.eos);
         }
         let prompt_logprobs = request.prompt_logprobs.map(|top| PromptLogprobs {
             top,
@@ -482,13 +512,13 @@ impl EngineLoop {
         let mut sampler =
             Sampler::new(request.sampling, request.logprobs, &prompt).scoring(request.score_tokens);
         if let Some(constraint) = constraint {
-            sampler = sampler.with_constraint(constraint, self.eos[0]);
+            sampler = sampler.with_constraint(constraint, lane.eos[0]);
         }
         // What the grammar forces before anything is sampled (a tool-call envelope's opening)
         // is the answer's start: it is prefilled with the prompt instead of decoded a token at a
         // time. At least one token is left to sample; a prompt to be scored reports its
         // log-probabilities before any answer, so its answer starts after the prefill.
-        let context = self.model.config().context_length;
+        let context = lane.model.config().context_length;
         let room = match request.prompt_logprobs {
             Some(_) => 0,
             None => request
@@ -500,9 +530,10 @@ impl EngineLoop {
         self.outputs.insert(
             id,
             Output {
+                model,
                 events,
                 sampler,
-                text: TextStream::new(self.tokenizer.clone(), request.stop),
+                text: TextStream::new(lane.tokenizer.clone(), request.stop),
                 max_tokens: request.max_tokens,
                 stop_tokens,
                 deadline: request.deadline,
@@ -536,8 +567,11 @@ impl EngineLoop {
         let expected = request
             .expected_output_tokens
             .map_or(0, |t| t.min(request.max_tokens));
-        let table = self.scheduler.kv().table().salted(request.cache_salt);
+        let table = (self.scheduler.kv().table())
+            .for_model(self.lanes[model].salt)
+            .salted(request.cache_salt);
         let mut seq = Sequence::new(id, prompt, table, request.priority, arrival)
+            .of_model(model)
             .in_run(run_arrival)
             .expecting(expected)
             .answer_starting(&forced);
@@ -574,49 +608,65 @@ impl EngineLoop {
         }
     }
 
+    /// Runs a step: each model's forward over its items of the plan (one after the other, on
+    /// the one cache), then the sampling of every item that samples.
     fn step(&mut self, plan: &StepPlan) {
-        let mut batch = ForwardBatch::default();
-        for item in &plan.items {
-            batch.push(
-                &item.tokens,
-                item.pos0,
-                item.blocks.clone(),
-                logits_of(item),
-            );
-        }
         // On a device, rows that would only be argmaxed are argmaxed there: the token ids come
         // back instead of vocabulary-wide rows.
-        let greedy = self.storage.device().is_some() && self.plain_greedy(plan);
+        let on_device = self.storage.device().is_some();
         let started = Instant::now();
-        let output = self.model.forward(&batch, &mut self.storage).and_then(|l| {
-            Ok(match greedy {
-                true => StepOutput::Tokens(l.argmax(D::Minus1)?.to_vec1::<u32>()?),
-                false => StepOutput::Rows(l.to_vec2::<f32>()?),
-            })
-        });
+        let mut outputs = Vec::with_capacity(self.lanes.len());
+        for (m, lane) in self.lanes.iter().enumerate() {
+            let items: Vec<&PlanItem> = plan.items.iter().filter(|i| i.model == m).collect();
+            if items.is_empty() {
+                continue;
+            }
+            let mut batch = ForwardBatch::default();
+            for item in &items {
+                let logits = logits_of(item);
+                batch.push(&item.tokens, item.pos0, item.blocks.clone(), logits);
+            }
+            let greedy = on_device && plain_greedy(&self.outputs, &items);
+            let output = lane.model.forward(&batch, &mut self.storage).and_then(|l| {
+                Ok(match greedy {
+                    true => StepOutput::Tokens(l.argmax(D::Minus1)?.to_vec1::<u32>()?),
+                    false => StepOutput::Rows(l.to_vec2::<f32>()?),
+                })
+            });
+            outputs.push((items, output));
+        }
         let elapsed = started.elapsed().as_nanos() as u64;
-        let logits = match output {
-            Ok(StepOutput::Rows(rows)) => rows,
-            Ok(StepOutput::Tokens(tokens)) => {
-                self.count_step(plan, elapsed);
-                return self.on_greedy_tokens(plan, tokens);
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "forward pass failed");
-                for item in &plan.items {
-                    self.finish(
-                        item.id,
-                        FinishReason::Error,
-                        Some("internal error in the model"),
-                    );
+        let mut ran = Vec::with_capacity(outputs.len());
+        for (items, output) in outputs {
+            match output {
+                Ok(output) => ran.push((items, output)),
+                Err(e) => {
+                    tracing::error!(error = %e, "forward pass failed");
+                    for item in items {
+                        let error = Some("internal error in the model");
+                        self.finish(item.id, FinishReason::Error, error);
+                    }
                 }
-                return;
             }
-        };
+        }
+        if ran.is_empty() {
+            return;
+        }
         self.count_step(plan, elapsed);
-        let mut logits = logits.into_iter();
+        for (items, output) in ran {
+            match output {
+                StepOutput::Rows(rows) => self.on_rows(&items, rows),
+                StepOutput::Tokens(tokens) => self.on_greedy_tokens(&items, tokens),
+            }
+        }
+    }
+
+    /// Applies one model's logits `rows` to its `items`, in the order they ran: prompt
+    /// log-probabilities, then sampling.
+    fn on_rows(&mut self, items: &[&PlanItem], rows: Vec<Vec<f32>>) {
+        let mut logits = rows.into_iter();
         let mut to_sample = Vec::new();
-        for item in &plan.items {
+        for &item in items {
             // Moved out, not copied, and dropped with this item: a vocabulary-wide row each.
             let n = logits_of(item).rows(item.tokens.len());
             let mut rows: Vec<Vec<f32>> = logits.by_ref().take(n).collect();
@@ -668,6 +718,14 @@ impl EngineLoop {
         self.scheduler.commit(plan);
         let decode = plan.items.iter().filter(|i| i.decode).count() as u64;
         let prefill = plan.num_prefill_tokens() as u64;
+        for item in &plan.items {
+            let m = &self.stats.models[item.model];
+            let (counter, n) = match item.decode {
+                true => (&m.decode_tokens, 1),
+                false => (&m.prefill_tokens, item.tokens.len() as u64),
+            };
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
         let prefill_nanos = elapsed * prefill / (prefill + decode).max(1);
         let s = &self.stats;
         s.steps.fetch_add(1, Ordering::Relaxed);
@@ -683,22 +741,9 @@ impl EngineLoop {
         );
     }
 
-    /// Whether `plan` has logits rows, and every one is a plain greedy sampler's to argmax.
-    fn plain_greedy(&self, plan: &StepPlan) -> bool {
-        plan.items.iter().any(|item| item.sample)
-            && plan.items.iter().all(|item| {
-                !item.prompt_logprobs
-                    && (!item.sample
-                        || self
-                            .outputs
-                            .get(&item.id)
-                            .is_none_or(|out| out.sampler.is_plain_greedy()))
-            })
-    }
-
-    /// Applies the tokens chosen on the device, one per sampled item in plan order.
-    fn on_greedy_tokens(&mut self, plan: &StepPlan, tokens: Vec<u32>) {
-        let sampled = plan.items.iter().filter(|item| item.sample);
+    /// Applies the tokens chosen on the device, one per sampled item in order.
+    fn on_greedy_tokens(&mut self, items: &[&PlanItem], tokens: Vec<u32>) {
+        let sampled = items.iter().filter(|item| item.sample);
         for (item, token) in sampled.zip(tokens) {
             if let Some(out) = self.outputs.get_mut(&item.id) {
                 let sampled = out.sampler.record(token);
@@ -763,9 +808,10 @@ impl EngineLoop {
             .scheduler
             .get(id)
             .expect("a sampled sequence is running");
-        let context = self.model.config().context_length;
+        let lane = &self.lanes[out.model];
+        let context = lane.model.config().context_length;
         // A complete constrained answer ends even when the request ignores EOS.
-        let grammar_done = out.sampler.is_constrained() && token == self.eos[0];
+        let grammar_done = out.sampler.is_constrained() && token == lane.eos[0];
         let stop = grammar_done || out.stop_tokens.contains(&token);
         // What the grammar forces after this token joins it, within the answer's limits.
         let room = (out.max_tokens.saturating_sub(seq.num_generated() + 1))
@@ -818,7 +864,7 @@ impl EngineLoop {
             .get(id)
             .expect("an emitting sequence is in the scheduler");
         if seq.num_generated() >= out.max_tokens
-            || seq.tokens().len() >= self.model.config().context_length
+            || seq.tokens().len() >= self.lanes[out.model].model.config().context_length
         {
             self.finish(id, FinishReason::Length, None);
         }
@@ -891,7 +937,8 @@ impl EngineLoop {
             // No token is shorter than a byte: the opening is within its length in tokens.
             Some(opening) => {
                 let head = &answer[..answer.len().min(opening.len() + 8)];
-                self.tokenizer
+                self.lanes[seq.model]
+                    .tokenizer
                     .decode(head, true)
                     .is_ok_and(|text| text.trim_start().starts_with(opening.as_str()))
             }
@@ -977,12 +1024,44 @@ impl EngineLoop {
             .store(self.scheduler.num_waiting(), Ordering::Relaxed);
         s.preemptions.store(sched.preemptions, Ordering::Relaxed);
         let kv = self.scheduler.kv();
+        let gauges = kv.gauges();
+        match &s.models[..] {
+            [only] => {
+                only.running
+                    .store(self.scheduler.num_running(), Ordering::Relaxed);
+                only.waiting
+                    .store(self.scheduler.num_waiting(), Ordering::Relaxed);
+                only.kv_blocks.store(gauges.device_used, Ordering::Relaxed);
+            }
+            _ => self.publish_model_stats(),
+        }
         *s.kv.lock().unwrap_or_else(|e| e.into_inner()) = KvSnapshot {
-            gauges: kv.gauges(),
+            gauges,
             counters: kv.counters(),
             swaps_out: sched.swaps_out,
             recomputes: sched.recomputes,
         };
+    }
+}
+
+impl EngineLoop {
+    /// Each model's sequences, and the device blocks they hold (once each).
+    fn publish_model_stats(&self) {
+        let n = self.lanes.len();
+        let (mut running, mut waiting) = (vec![0; n], vec![0; n]);
+        let mut blocks = vec![std::collections::HashSet::new(); n];
+        for seq in self.scheduler.running() {
+            running[seq.model] += 1;
+            blocks[seq.model].extend(seq.blocks.blocks().iter().copied());
+        }
+        for seq in self.scheduler.waiting() {
+            waiting[seq.model] += 1;
+        }
+        for (m, stats) in self.stats.models.iter().enumerate() {
+            stats.running.store(running[m], Ordering::Relaxed);
+            stats.waiting.store(waiting[m], Ordering::Relaxed);
+            stats.kv_blocks.store(blocks[m].len(), Ordering::Relaxed);
+        }
     }
 }
 
@@ -993,6 +1072,18 @@ fn panic_message(payload: &(dyn Any + Send)) -> &str {
         .copied()
         .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("a panic without a message")
+}
+
+/// Whether `items` have logits rows, and every one is a plain greedy sampler's to argmax.
+fn plain_greedy(outputs: &HashMap<RequestId, Output>, items: &[&PlanItem]) -> bool {
+    items.iter().any(|item| item.sample)
+        && items.iter().all(|item| {
+            !item.prompt_logprobs
+                && (!item.sample
+                    || outputs
+                        .get(&item.id)
+                        .is_none_or(|out| out.sampler.is_plain_greedy()))
+        })
 }
 
 /// The rows of `item` the forward pass must return.

@@ -52,7 +52,7 @@ use tokio::sync::mpsc::Receiver;
 pub use config::EngineConfig;
 pub use device::DeviceSpec;
 pub use embed::{Embedder, EmbedderConfig, Embedding};
-pub use engine_loop::{DeviceMemory, EngineStats, KvSnapshot};
+pub use engine_loop::{DeviceMemory, EngineStats, KvSnapshot, ModelStats};
 pub use error::{EngineError, Result};
 pub use model::chat_prompt::{ChatEncoder, ChatPrompt};
 pub use model::chat_template::{ChatMessage, ChatTemplate};
@@ -61,8 +61,8 @@ pub use request::{
     RunTurn, SamplingParams, TokenLogprob, Usage,
 };
 
-use engine_loop::{Command, EngineLoop, LoopSetup, QueueSlot, Submission};
-use kv_cache::{HostStore, KvConfig};
+use engine_loop::{Command, EngineLoop, Lane, LoopSetup, QueueSlot, Submission};
+use kv_cache::{HostStore, KvConfig, KvStorage};
 use model::{Backend, Gguf, Llama, LlamaConfig};
 use scheduler::SchedulerConfig;
 
@@ -232,7 +232,8 @@ struct Shared {
     /// Closed when the engine loop ends (its sender lives on the engine thread), which happens
     /// only when every handle is gone, or if the loop fails.
     running: tokio::sync::watch::Receiver<()>,
-    model: ModelInfo,
+    /// The models served, in the engine loop's order; the first is the default.
+    models: Vec<ModelInfo>,
     next_id: AtomicU64,
     next_pin: AtomicU64,
     queued: Arc<AtomicUsize>,
@@ -323,13 +324,36 @@ impl EngineHandle {
     /// CPU.
     pub fn start_on(config: &EngineConfig, backend: Backend) -> Result<Self> {
         config.validate().map_err(EngineError::InvalidRequest)?;
-        let mut gguf = Gguf::open(&config.model)?;
+        let paths: Vec<&std::path::Path> = std::iter::once(&config.model)
+            .chain(&config.extra_models)
+            .map(|p| p.as_path())
+            .collect();
+        if paths.len() > 1 && !matches!(backend, Backend::Kernels) {
+            return Err(EngineError::InvalidRequest(
+                "several models share one engine on the CPU kernels only: run one engine per \
+                 model on a GPU"
+                    .into(),
+            ));
+        }
+        let mut ggufs = paths
+            .iter()
+            .map(|p| Gguf::open(p))
+            .collect::<Result<Vec<_>>>()?;
         let device = backend.device();
-        let activations = LlamaConfig::from_gguf(&gguf)?
-            .activation_bytes(config.max_step_tokens, config.max_running);
+        // The models' forwards run one after the other: a step needs the largest one's.
+        let activations = ggufs
+            .iter()
+            .map(|g| {
+                Ok(LlamaConfig::from_gguf(g)?
+                    .activation_bytes(config.max_step_tokens, config.max_running))
+            })
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .max()
+            .unwrap_or(0);
         if let Backend::Tensors { weights, .. } = &backend {
             let what = format!("the weights of {} as {weights}", config.model.display());
-            let bytes = Llama::device_weight_bytes(&gguf, *weights)?;
+            let bytes = Llama::device_weight_bytes(&ggufs[0], *weights)?;
             let way_out = "--gpu-weights f16 or quantized take less";
             fits_on_device(
                 &config.device,
@@ -339,31 +363,39 @@ impl EngineHandle {
                 way_out,
             )?;
         }
-        let llama = Llama::load(&mut gguf, &backend)?;
-        let layout = llama.kv_layout(config.block_size);
+        let models = ggufs
+            .iter_mut()
+            .map(|g| Llama::load(g, &backend))
+            .collect::<Result<Vec<_>>>()?;
+        let layouts: Vec<_> = models
+            .iter()
+            .map(|m| m.kv_layout(config.block_size))
+            .collect();
+        // Every block takes the largest model's block of memory, whichever model holds it.
+        let bytes_per_block = layouts.iter().map(|l| l.bytes_per_block()).max();
+        let bytes_per_block = bytes_per_block.unwrap_or(1);
         let num_blocks = match config.device_kv_blocks {
             Some(blocks) => blocks,
-            None => kv_budget(config, &device, activations)? / layout.bytes_per_block(),
+            None => kv_budget(config, &device, activations)? / bytes_per_block,
         };
         fits_on_device(
             &config.device,
             &device,
             (
                 "a KV cache beside the weights",
-                num_blocks * layout.bytes_per_block(),
+                num_blocks * bytes_per_block,
             ),
             activations,
             "lower --kv-cache-mb, or use --gpu-memory-utilization",
         )?;
         if num_blocks < 2 {
             return Err(EngineError::InvalidRequest(format!(
-                "the KV cache must hold at least 2 blocks of {} bytes",
-                layout.bytes_per_block()
+                "the KV cache must hold at least 2 blocks of {bytes_per_block} bytes"
             )));
         }
-        let host_slots = layout.blocks_for_budget(config.host_kv_cache_mb << 20);
+        let host_slots = (config.host_kv_cache_mb << 20) / bytes_per_block;
         tracing::info!(
-            model = %config.model.display(),
+            models = ?paths,
             device = %config.device,
             num_blocks,
             host_slots,
@@ -372,18 +404,51 @@ impl EngineHandle {
             threads = config.threads(),
             "engine starting"
         );
-        let storage = llama.kv_storage(config.block_size, num_blocks)?;
-        let host = HostStore::new(layout, host_slots);
-        let model_info =
-            ModelInfo::from_gguf(&gguf, &config.model, Some(num_blocks * config.block_size))?;
-        let tokenizer = model_info.tokenizer.clone();
-        let eos = model_info.eos.clone();
+        let storage = match &models[..] {
+            [model] => model.kv_storage(config.block_size, num_blocks)?,
+            _ => KvStorage::shared(&layouts, num_blocks)?,
+        };
+        let host = HostStore::for_storage(&storage, host_slots);
+        let capacity = Some(num_blocks * config.block_size);
+        let infos = ggufs
+            .iter()
+            .zip(&paths)
+            .map(|(g, p)| ModelInfo::from_gguf(g, p, capacity))
+            .collect::<Result<Vec<_>>>()?;
+        for (i, info) in infos.iter().enumerate() {
+            if infos[..i].iter().any(|other| other.id == info.id) {
+                return Err(EngineError::InvalidRequest(format!(
+                    "the model {} is given twice",
+                    info.id
+                )));
+            }
+        }
+        let memory = DeviceMemory {
+            weights: models.iter().map(Llama::weight_bytes).sum(),
+            kv: num_blocks * bytes_per_block,
+            activations,
+            gpu: (!device.is_cpu()).then_some(device),
+        };
+        let stats = Arc::new(EngineStats::new(
+            memory,
+            infos.iter().map(|info| info.id.clone()),
+        ));
+        let lanes: Vec<Lane> = models
+            .into_iter()
+            .zip(&infos)
+            .map(|(model, info)| Lane {
+                model,
+                tokenizer: info.tokenizer.clone(),
+                eos: info.eos.clone(),
+                salt: kv_cache::prefix::model_salt(&info.id),
+            })
+            .collect();
         let kv = KvConfig {
             num_blocks,
             block_size: config.block_size,
             host_slots,
             prefix_caching: config.prefix_cache,
-            salt: kv_cache::prefix::model_salt(&model_info.id),
+            salt: lanes[0].salt,
         };
         let run_scheduling = config.run_scheduling;
         let scheduler = SchedulerConfig {
@@ -394,12 +459,6 @@ impl EngineHandle {
             block_size: config.block_size,
             watermark_blocks: (num_blocks / 100).max(1),
         };
-        let stats = Arc::new(EngineStats::new(DeviceMemory {
-            weights: llama.weight_bytes(),
-            kv: num_blocks * layout.bytes_per_block(),
-            activations,
-            gpu: (!device.is_cpu()).then_some(device),
-        }));
         let (tx, rx) = std::sync::mpsc::channel();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(config.threads())
@@ -413,13 +472,11 @@ impl EngineHandle {
             .spawn(move || {
                 let _running = running_tx;
                 let setup = LoopSetup {
-                    model: llama,
+                    lanes,
                     storage,
                     host,
                     kv,
                     scheduler,
-                    tokenizer,
-                    eos,
                     run_scheduling,
                 };
                 pool.install(move || EngineLoop::new(setup, rx, loop_stats).run())
@@ -429,7 +486,7 @@ impl EngineHandle {
             shared: Arc::new(Shared {
                 commands: tx,
                 running,
-                model: model_info,
+                models: infos,
                 next_id: AtomicU64::new(1),
                 next_pin: AtomicU64::new(1),
                 queued: Arc::new(AtomicUsize::new(0)),
@@ -440,8 +497,27 @@ impl EngineHandle {
         })
     }
 
+    /// The engine's first model: the one requests naming none run on.
     pub fn model(&self) -> &ModelInfo {
-        &self.shared.model
+        &self.shared.models[0]
+    }
+
+    /// Every model the engine serves, the first the default.
+    pub fn models(&self) -> &[ModelInfo] {
+        &self.shared.models
+    }
+
+    /// The index of the model named `id` (`None`: the first).
+    fn model_index(&self, id: Option<&str>) -> Result<usize> {
+        let Some(id) = id else { return Ok(0) };
+        let models = &self.shared.models;
+        models.iter().position(|m| m.id == id).ok_or_else(|| {
+            let served: Vec<&str> = models.iter().map(|m| m.id.as_str()).collect();
+            EngineError::InvalidRequest(format!(
+                "this engine does not serve the model {id:?} (it serves {})",
+                served.join(", ")
+            ))
+        })
     }
 
     /// Whether the engine loop is still taking requests (it has not failed).
@@ -464,8 +540,10 @@ impl EngineHandle {
     /// the engine loop's). Fails at once, without queueing, when the request can never be served
     /// or the engine is full.
     pub fn submit(&self, request: GenerateRequest) -> Result<EventStream> {
-        let prompt = self.shared.model.check(&request)?;
-        let constraint = self.shared.model.constraint(&request.response_format)?;
+        let model = self.model_index(request.model.as_deref())?;
+        let info = &self.shared.models[model];
+        let prompt = info.check(&request)?;
+        let constraint = info.constraint(&request.response_format)?;
         let slot =
             QueueSlot::try_take(&self.shared.queued, self.shared.max_queued).ok_or_else(|| {
                 EngineError::Overloaded(format!(
@@ -480,6 +558,7 @@ impl EngineHandle {
             .commands
             .send(Command::Submit(Box::new(Submission {
                 id,
+                model,
                 prompt,
                 request,
                 constraint,
@@ -496,18 +575,22 @@ impl EngineHandle {
 
     /// Pre-warms `prefix` (prefills it once, in the background) and keeps its full KV blocks on
     /// the device, never evicted, until the returned pin is dropped: for an agent's system
-    /// prompt, which every one of its requests starts with.
-    pub fn pin_prefix(&self, prefix: &Prompt) -> Result<PrefixPin> {
-        let prompt = self
-            .shared
-            .model
-            .check(&GenerateRequest::new(prefix.clone()))?;
+    /// prompt, which every one of its requests starts with. `model` names the engine's model
+    /// that runs those requests (`None`: the first).
+    pub fn pin_prefix(&self, model: Option<&str>, prefix: &Prompt) -> Result<PrefixPin> {
+        let model = self.model_index(model)?;
+        let prompt = self.shared.models[model].check(&GenerateRequest::new(prefix.clone()))?;
         let id = self.shared.next_pin.fetch_add(1, Ordering::Relaxed);
         let tokens = prompt.len();
         let (pinned, ready) = tokio::sync::oneshot::channel();
         self.shared
             .commands
-            .send(Command::Pin { id, prompt, pinned })
+            .send(Command::Pin {
+                id,
+                model,
+                prompt,
+                pinned,
+            })
             .map_err(|_| EngineError::Stopped)?;
         Ok(PrefixPin {
             id,
@@ -521,7 +604,7 @@ impl EngineHandle {
 
 impl Generate for EngineHandle {
     fn model(&self) -> &ModelInfo {
-        &self.shared.model
+        EngineHandle::model(self)
     }
 
     fn submit(&self, request: GenerateRequest) -> BoxFuture<'_, Result<EventStream>> {

@@ -96,6 +96,9 @@ pub enum Prompt {
 /// `deadline` (an instant of this process's clock).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct GenerateRequest {
+    /// The engine model that runs it, by id; `None`: the engine's first (its default).
+    #[serde(default)]
+    pub model: Option<String>,
     pub prompt: Prompt,
     pub sampling: SamplingParams,
     /// Most tokens to generate.
@@ -226,6 +229,7 @@ pub enum ResponseFormat {
 impl GenerateRequest {
     pub fn new(prompt: Prompt) -> Self {
         Self {
+            model: None,
             prompt,
             sampling: SamplingParams::default(),
             max_tokens: 256,

@@ -54,6 +54,8 @@ pub struct SchedulerConfig {
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlanItem {
     pub id: RequestId,
+    /// The model that runs it.
+    pub model: usize,
     /// Position of the first token.
     pub pos0: usize,
     pub tokens: Vec<u32>,
@@ -165,6 +167,15 @@ impl Scheduler {
     /// Every sequence, waiting or running.
     pub fn sequences(&self) -> impl Iterator<Item = &Sequence> {
         self.running.iter().chain(&self.waiting)
+    }
+
+    pub fn running(&self) -> impl Iterator<Item = &Sequence> {
+        self.running.iter()
+    }
+
+    /// Sequences waiting for admission (new, or preempted), holding no device block.
+    pub fn waiting(&self) -> impl Iterator<Item = &Sequence> {
+        self.waiting.iter()
     }
 
     pub fn get(&self, id: RequestId) -> Option<&Sequence> {
@@ -418,6 +429,7 @@ impl Scheduler {
         let pos0 = seq.num_computed();
         plan.items.push(PlanItem {
             id: seq.id,
+            model: seq.model,
             pos0,
             tokens: seq.tokens()[pos0..pos0 + n].to_vec(),
             blocks: seq.blocks.blocks().to_vec(),
@@ -840,6 +852,8 @@ mod tests {
             prompt: usize,
             priority: i32,
             prompt_logprobs: bool,
+            /// Which of two models sharing the pool runs it.
+            model: usize,
         },
         Step,
         Finish(usize),
@@ -849,12 +863,13 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            (1usize..100, -1i32..2, any::<bool>()).prop_map(
-                |(prompt, priority, prompt_logprobs)| {
+            (1usize..100, -1i32..2, any::<bool>(), 0usize..2).prop_map(
+                |(prompt, priority, prompt_logprobs, model)| {
                     Op::Add {
                         prompt,
                         priority,
                         prompt_logprobs,
+                        model,
                     }
                 }
             ),
@@ -867,10 +882,15 @@ mod tests {
         ]
     }
 
+    /// The salts of the two models of [`no_block_leaks`]; the first is the pool's own.
+    const MODEL_SALTS: [u64; 2] = [0, 0x6E6D];
+
     proptest! {
-        /// Whatever mix of finishing, cancelled, preempted and timed-out sequences, the block
-        /// accounting holds after every operation, every sequence left is served or reported
-        /// once nothing more arrives, and every block is back in the pool at the end.
+        /// Whatever mix of finishing, cancelled, preempted and timed-out sequences of two models
+        /// drawing from one pool, the block accounting holds after every operation, no block
+        /// ever serves both models (their prompts share tokens, never blocks), every sequence
+        /// left is served or reported once nothing more arrives, and every block is back in the
+        /// pool at the end.
         #[test]
         fn no_block_leaks(
             ops in prop::collection::vec(op(), 1..200),
@@ -883,7 +903,7 @@ mod tests {
             let mut next = 0;
             for op in ops {
                 match op {
-                    Op::Add { prompt, priority, prompt_logprobs } => {
+                    Op::Add { prompt, priority, prompt_logprobs, model } => {
                         // The engine rejects prompts without room for one more token in the
                         // pool; the longest it takes fill all of it but that token.
                         let prompt = prompt.min(blocks * 4 - 1);
@@ -892,7 +912,9 @@ mod tests {
                         let tokens = (0..prompt as u32)
                             .map(|t| if next % 2 == 0 && t < shared { t } else { t + 1000 * next as u32 })
                             .collect();
-                        let seq = seq_with(&s, next, tokens, priority);
+                        let table = s.kv().table().for_model(MODEL_SALTS[model]);
+                        let seq = Sequence::new(RequestId(next), tokens, table, priority, next)
+                            .of_model(model);
                         s.add(if prompt_logprobs { seq.with_prompt_logprobs() } else { seq });
                     }
                     Op::Step => {
@@ -916,6 +938,13 @@ mod tests {
                 }
                 if let Err(e) = s.check_invariants() {
                     prop_assert!(false, "{}", e);
+                }
+                let mut owner = std::collections::HashMap::new();
+                for q in s.running() {
+                    for b in q.blocks.blocks() {
+                        let first = *owner.entry(*b).or_insert(q.model);
+                        prop_assert_eq!(first, q.model, "{:?} serves both models", b);
+                    }
                 }
             }
             // Nothing more arrives: every sequence is served (ending after two tokens) or

@@ -12,6 +12,8 @@ use crate::request::RequestId;
 
 pub struct Sequence {
     pub id: RequestId,
+    /// Which of the engine's models runs it (an index into its models).
+    pub model: usize,
     tokens: Vec<u32>,
     prompt_len: usize,
     /// Leading tokens whose keys and values are in the cache.
@@ -48,6 +50,7 @@ impl Sequence {
     ) -> Self {
         Self {
             id,
+            model: 0,
             prompt_len: prompt.len(),
             tokens: prompt,
             num_computed: 0,
@@ -60,6 +63,12 @@ impl Sequence {
             arrival,
             expected_output: 0,
         }
+    }
+
+    /// The same sequence, run by the engine's model `model`.
+    pub fn of_model(mut self, model: usize) -> Self {
+        self.model = model;
+        self
     }
 
     /// The same sequence, as a turn of a run that first arrived at `run_arrival`.

@@ -267,7 +267,9 @@ fn a_pinned_prefix_stays_on_the_device() {
     let probe = chat_tokens(&engine, &system, "x");
     let other = chat_tokens(&engine, &system, "y");
     let prefix = &probe[..common_prefix(&probe, &other)];
-    let mut pin = engine.pin_prefix(&Prompt::Tokens(prefix.to_vec())).unwrap();
+    let mut pin = engine
+        .pin_prefix(None, &Prompt::Tokens(prefix.to_vec()))
+        .unwrap();
     let pinned_blocks = prefix.len() / BLOCK;
     assert_eq!(futures::executor::block_on(pin.pinned()), pinned_blocks);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

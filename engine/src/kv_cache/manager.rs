@@ -40,7 +40,8 @@ pub struct KvConfig {
     /// recomputes).
     pub host_slots: usize,
     pub prefix_caching: bool,
-    /// Mixed into block hashes: see [`super::prefix::model_salt`].
+    /// Mixed into block hashes: see [`super::prefix::model_salt`]; tables for other models
+    /// sharing the pool use theirs ([`BlockTable::for_model`]).
     pub salt: u64,
 }
 
@@ -199,6 +200,7 @@ impl KvManager {
             keys: Vec::new(),
             registered: 0,
             tenant: None,
+            salt: self.state.borrow().config.salt,
         }
     }
 
@@ -333,6 +335,8 @@ pub struct BlockTable {
     registered: usize,
     /// Whose blocks the sequence may share; `None`: everyone's.
     tenant: Option<CacheSalt>,
+    /// The salt of the model the blocks are for (see [`super::prefix::model_salt`]).
+    salt: u64,
 }
 
 impl BlockTable {
@@ -342,9 +346,16 @@ impl BlockTable {
         self
     }
 
-    fn salts(&self, model: u64) -> Salts {
+    /// The same table, for the model whose salt is `salt`: its blocks are never shared with
+    /// another model's, whatever their tokens.
+    pub fn for_model(mut self, salt: u64) -> Self {
+        self.salt = salt;
+        self
+    }
+
+    fn salts(&self) -> Salts {
         Salts {
-            model,
+            model: self.salt,
             tenant: self.tenant,
         }
     }
@@ -399,12 +410,7 @@ impl BlockTable {
         }
         let bs = s.config.block_size;
         let usable = (tokens.len() - 1) / bs;
-        extend_keys(
-            self.salts(s.config.salt),
-            &tokens[..usable * bs],
-            bs,
-            &mut self.keys,
-        );
+        extend_keys(self.salts(), &tokens[..usable * bs], bs, &mut self.keys);
         for key in &self.keys[..usable] {
             if let Some((b, held)) = s.device.acquire_cached(key) {
                 s.counters.retained_hit_blocks += u64::from(held);
@@ -444,12 +450,7 @@ impl BlockTable {
         if full <= self.registered {
             return;
         }
-        extend_keys(
-            self.salts(s.config.salt),
-            &tokens[..full * bs],
-            bs,
-            &mut self.keys,
-        );
+        extend_keys(self.salts(), &tokens[..full * bs], bs, &mut self.keys);
         for i in self.registered..full {
             s.device.register(self.blocks[i], &self.keys[i]);
         }

@@ -1,16 +1,19 @@
-//! The memory behind the KV blocks: per layer, one key and one value array holding every device
-//! block; and the host tier's slots, each one whole block (every layer's keys and values).
+//! The memory behind the KV blocks, and the host tier's slots, each one whole block (every
+//! layer's keys and values).
 //!
-//! Layout per layer: `[block][kv_head][slot][head_dim]`, so the keys of one head in one
-//! block (the unit attention streams through) are contiguous, and so is a whole block, which
-//! makes a copy between the tiers one contiguous copy per layer and side. Everything is allocated
-//! once, at start-up, from the memory budgets; nothing here allocates afterwards.
-//!
-//! The device tier is either arrays of f16 in RAM, which the CPU kernels read in place (f16 as
+//! The device tier is either one arena of f16 in RAM, which the CPU kernels read in place (f16 as
 //! llama.cpp keeps its cache: half the memory, and half the bytes attention streams through),
 //! or f32 tensors on the model's device (a GPU's memory), `[blocks, kv_heads, block_size,
 //! head_dim]` per layer, which attention reads through candle operations and a step's new keys
-//! and values are scattered into. The host tier holds blocks in the device tier's type. RAM pages are touched at start-up ([`resident`]), so the process holds its
+//! and values are scattered into. The host tier holds blocks in the device tier's type.
+//!
+//! The arena is a row of slabs, one per block: `[block][layer][key, value][kv_head][slot]
+//! [head_dim]`. The keys of one head in one block (the unit attention streams through) are
+//! contiguous, a whole block is one contiguous copy to or from the host, and models of different
+//! shapes can draw their blocks from one arena: the slab is the largest of their blocks, and a
+//! block id means the same memory whichever model holds it (see [`KvStorage::shared`]).
+//! Everything is allocated once, at start-up, from the memory budgets; nothing here allocates
+//! afterwards. RAM pages are touched at start-up ([`resident`]), so the process holds its
 //! budget from the start instead of growing into it as blocks are first used: its size then says
 //! something about the rest of its memory. The host tier, an overflow store in CPU RAM, is
 //! committed as it fills.
@@ -41,7 +44,7 @@ impl KvDtype {
     }
 }
 
-/// Shape of the cache, as the model defines it.
+/// Shape of the cache, as the model defines it, and how far apart its blocks are in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvLayout {
     pub num_layers: usize,
@@ -49,9 +52,48 @@ pub struct KvLayout {
     pub n_kv_heads: usize,
     pub head_dim: usize,
     pub dtype: KvDtype,
+    /// Elements from a block to the next in one layer's keys or values: a block's worth in a
+    /// per-layer tensor, a slab in the arena.
+    pub block_stride: usize,
 }
 
 impl KvLayout {
+    /// A model's cache shape, its blocks side by side in per-layer arrays.
+    pub fn new(
+        num_layers: usize,
+        block_size: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        dtype: KvDtype,
+    ) -> Self {
+        Self {
+            num_layers,
+            block_size,
+            n_kv_heads,
+            head_dim,
+            dtype,
+            block_stride: block_size * n_kv_heads * head_dim,
+        }
+    }
+
+    /// Elements of one whole block: every layer's keys and values.
+    pub fn slab_elems(&self) -> usize {
+        2 * self.num_layers * self.block_elems()
+    }
+
+    /// The same shape with its blocks `slab` elements apart, as the arena holds them.
+    fn in_slabs(self, slab: usize) -> Self {
+        Self {
+            block_stride: slab,
+            ..self
+        }
+    }
+
+    /// Where the keys (`side` 0) or values (1) of `layer` start within a slab.
+    fn side_base(&self, layer: usize, side: usize) -> usize {
+        (layer * 2 + side) * self.block_elems()
+    }
+
     /// Values of one block in one layer, for keys or for values.
     pub fn block_elems(&self) -> usize {
         self.block_size * self.n_kv_heads * self.head_dim
@@ -67,23 +109,25 @@ impl KvLayout {
         bytes / self.bytes_per_block()
     }
 
-    /// Where token slot `slot` of head `head` starts inside a layer array.
+    /// Where token slot `slot` of head `head` starts inside a layer's keys or values.
     #[inline]
     pub fn offset(&self, block: BlockId, head: usize, slot: usize) -> usize {
-        ((block.index() * self.n_kv_heads + head) * self.block_size + slot) * self.head_dim
+        block.index() * self.block_stride + (head * self.block_size + slot) * self.head_dim
     }
 }
 
 pub struct KvStorage {
+    /// The layout of the model the storage is read for now (see [`KvStorage::select`]).
     layout: KvLayout,
     num_blocks: usize,
     memory: Memory,
 }
 
 enum Memory {
+    /// `num_blocks` slabs of `slab` elements.
     Arrays {
-        keys: Vec<Vec<f16>>,
-        values: Vec<Vec<f16>>,
+        arena: Vec<f16>,
+        slab: usize,
     },
     Tensors(DeviceCache),
 }
@@ -142,16 +186,61 @@ pub enum Slots {
 impl KvStorage {
     /// The device tier as arrays in RAM, for the CPU kernels (`layout.dtype` must be f16).
     pub fn new(layout: KvLayout, num_blocks: usize) -> Self {
-        debug_assert_eq!(layout.dtype, KvDtype::F16);
-        let elems = num_blocks * layout.block_elems();
-        let alloc = || (0..layout.num_layers).map(|_| resident(elems)).collect();
-        Self {
-            layout,
+        Self::shared(&[layout], num_blocks).expect("one layout fits its own slabs")
+    }
+
+    /// One arena in RAM whose blocks any of `layouts` (models of one engine, f16, the same
+    /// block size) may hold: `num_blocks` slabs, each the size of the largest of their blocks.
+    /// It reads as the first model's until [`KvStorage::select`] picks another.
+    pub fn shared(layouts: &[KvLayout], num_blocks: usize) -> Result<Self> {
+        let first = *layouts
+            .first()
+            .ok_or_else(|| crate::EngineError::Model("a cache for no model".into()))?;
+        let slab = layouts.iter().map(KvLayout::slab_elems).max().unwrap_or(0);
+        for l in layouts {
+            if l.dtype != KvDtype::F16 || l.block_size != first.block_size {
+                return Err(crate::EngineError::Model(
+                    "models sharing a cache need f16 blocks of one size".into(),
+                ));
+            }
+        }
+        Ok(Self {
+            layout: first.in_slabs(slab),
             num_blocks,
             memory: Memory::Arrays {
-                keys: alloc(),
-                values: alloc(),
+                arena: resident(num_blocks * slab),
+                slab,
             },
+        })
+    }
+
+    /// Reads and writes the blocks as `layout`'s model lays them out from now on: the model about
+    /// to run its forward. Fails for a model the storage was not made for.
+    pub fn select(&mut self, layout: KvLayout) -> Result<()> {
+        let fits = match &self.memory {
+            Memory::Arrays { slab, .. } => {
+                layout.dtype == KvDtype::F16
+                    && layout.block_size == self.layout.block_size
+                    && layout.slab_elems() <= *slab
+            }
+            Memory::Tensors(_) => layout == self.layout,
+        };
+        if !fits {
+            return Err(crate::EngineError::Model(format!(
+                "this KV cache was not made for a model with {layout:?}"
+            )));
+        }
+        if let Memory::Arrays { slab, .. } = self.memory {
+            self.layout = layout.in_slabs(slab);
+        }
+        Ok(())
+    }
+
+    /// Bytes of one block in this storage, whichever model holds it.
+    pub fn bytes_per_block(&self) -> usize {
+        match &self.memory {
+            Memory::Arrays { slab, .. } => slab * KvDtype::F16.bytes(),
+            Memory::Tensors(_) => self.layout.bytes_per_block(),
         }
     }
 
@@ -202,9 +291,9 @@ impl KvStorage {
     /// step's [`KvStorage::write`] to it, which lands what was on its way there).
     pub fn layer(&self, layer: usize) -> LayerKv<'_> {
         match &self.memory {
-            Memory::Arrays { keys, values } => LayerKv::Arrays {
-                keys: &keys[layer],
-                values: &values[layer],
+            Memory::Arrays { arena, .. } => LayerKv::Arrays {
+                keys: &arena[self.layout.side_base(layer, 0)..],
+                values: &arena[self.layout.side_base(layer, 1)..],
             },
             Memory::Tensors(cache) => LayerKv::Tensors {
                 keys: &cache.keys[layer],
@@ -237,14 +326,13 @@ impl KvStorage {
     pub fn write(&mut self, layer: usize, slots: &Slots, k: &Tensor, v: &Tensor) -> Result<()> {
         let l = self.layout;
         match (&mut self.memory, slots) {
-            (Memory::Arrays { keys, values }, Slots::Places(places)) => {
+            (Memory::Arrays { arena, .. }, Slots::Places(places)) => {
                 let width = l.n_kv_heads * l.head_dim;
                 let k = k.flatten_all()?.to_vec1::<f32>()?;
                 let v = v.flatten_all()?.to_vec1::<f32>()?;
                 for (row, &place) in places.iter().enumerate() {
                     let span = row * width..(row + 1) * width;
-                    let layer = (&mut keys[layer][..], &mut values[layer][..]);
-                    store_token(&l, layer, place, &k[span.clone()], &v[span]);
+                    store_token(&l, arena, layer, place, (&k[span.clone()], &v[span]));
                 }
             }
             (Memory::Tensors(cache), Slots::Rows(rows)) => {
@@ -268,27 +356,27 @@ impl KvStorage {
     /// they may still be under way when this returns (see `DeviceCache`): the step's writes and the
     /// next copies see them done, and [`KvStorage::settle`] completes them.
     pub fn run_copies(&mut self, copies: &[CopyOp], host: &mut HostStore) -> Result<()> {
-        if host.layout != self.layout {
+        let matches = match &self.memory {
+            Memory::Arrays { slab, .. } => host.layout.dtype == KvDtype::F16 && host.slab == *slab,
+            Memory::Tensors(_) => host.layout == self.layout,
+        };
+        if !matches {
             return Err(crate::EngineError::Model(
                 "the host tier was laid out for another cache".into(),
             ));
         }
         let be = self.layout.block_elems();
-        let layers = self.layout.num_layers;
         match &mut self.memory {
-            Memory::Arrays { keys, values } => {
-                let blocks = |b: BlockId| b.index() * be..(b.index() + 1) * be;
+            Memory::Arrays { arena, slab } => {
+                let slab = *slab;
+                let block = |b: BlockId| b.index() * slab..(b.index() + 1) * slab;
                 for &copy in copies {
-                    for layer in 0..layers {
-                        let sides = [&mut keys[layer], &mut values[layer]];
-                        for (side, device) in sides.into_iter().enumerate() {
-                            match copy {
-                                CopyOp::ToHost { block, slot } => host
-                                    .part_mut(slot, layer, side)
-                                    .copy_from_slice(&device[blocks(block)]),
-                                CopyOp::ToDevice { slot, block } => device[blocks(block)]
-                                    .copy_from_slice(host.part(slot, layer, side)),
-                            }
+                    match copy {
+                        CopyOp::ToHost { block: b, slot } => {
+                            host.slot_mut(slot).copy_from_slice(&arena[block(b)])
+                        }
+                        CopyOp::ToDevice { slot, block: b } => {
+                            arena[block(b)].copy_from_slice(host.slot(slot))
                         }
                     }
                 }
@@ -475,19 +563,21 @@ impl DeviceCache {
     }
 }
 
-/// Stores one token's keys and values into a layer held as arrays, rounded to f16.
+/// Stores one token's keys and values into `layer` of the arena, rounded to f16.
 fn store_token(
     l: &KvLayout,
-    (keys, values): (&mut [f16], &mut [f16]),
+    arena: &mut [f16],
+    layer: usize,
     (block, slot): (BlockId, usize),
-    k: &[f32],
-    v: &[f32],
+    (k, v): (&[f32], &[f32]),
 ) {
     let hd = l.head_dim;
-    for head in 0..l.n_kv_heads {
-        let at = l.offset(block, head, slot);
-        keys[at..at + hd].convert_from_f32_slice(&k[head * hd..(head + 1) * hd]);
-        values[at..at + hd].convert_from_f32_slice(&v[head * hd..(head + 1) * hd]);
+    for (side, new) in [k, v].into_iter().enumerate() {
+        let base = l.side_base(layer, side);
+        for head in 0..l.n_kv_heads {
+            let at = base + l.offset(block, head, slot);
+            arena[at..at + hd].convert_from_f32_slice(&new[head * hd..(head + 1) * hd]);
+        }
     }
 }
 
@@ -504,9 +594,12 @@ fn resident(len: usize) -> Vec<f16> {
     values
 }
 
-/// The host tier's memory: `slots` whole blocks, in the device tier's type.
+/// The host tier's memory: `slots` whole blocks, in the device tier's type, each a slab laid out
+/// as the arena's.
 pub struct HostStore {
     layout: KvLayout,
+    /// Elements per slot.
+    slab: usize,
     data: HostData,
 }
 
@@ -554,19 +647,33 @@ impl HostElem for f32 {
 }
 
 impl HostStore {
-    pub fn new(layout: KvLayout, slots: usize) -> Self {
-        let len = slots * 2 * layout.num_layers * layout.block_elems();
+    /// `slots` blocks of `storage`'s (of any model it holds blocks of).
+    pub fn for_storage(storage: &KvStorage, slots: usize) -> Self {
+        let layout = storage.layout;
+        let slab = match &storage.memory {
+            Memory::Arrays { slab, .. } => *slab,
+            Memory::Tensors(_) => layout.slab_elems(),
+        };
+        let len = slots * slab;
         let data = match layout.dtype {
             KvDtype::F16 => HostData::F16(vec![f16::ZERO; len]),
             KvDtype::F32 => HostData::F32(vec![0f32; len]),
         };
-        Self { layout, data }
+        Self { layout, slab, data }
     }
 
     fn range(&self, slot: HostSlot, layer: usize, side: usize) -> std::ops::Range<usize> {
-        let be = self.layout.block_elems();
-        let at = ((slot.index() * self.layout.num_layers + layer) * 2 + side) * be;
-        at..at + be
+        let at = slot.index() * self.slab + self.layout.side_base(layer, side);
+        at..at + self.layout.block_elems()
+    }
+
+    fn slot<T: HostElem>(&self, slot: HostSlot) -> &[T] {
+        &T::of(&self.data)[slot.index() * self.slab..(slot.index() + 1) * self.slab]
+    }
+
+    fn slot_mut<T: HostElem>(&mut self, slot: HostSlot) -> &mut [T] {
+        let r = slot.index() * self.slab..(slot.index() + 1) * self.slab;
+        &mut T::of_mut(&mut self.data)[r]
     }
 
     fn part<T: HostElem>(&self, slot: HostSlot, layer: usize, side: usize) -> &[T] {
@@ -602,13 +709,7 @@ mod tests {
     /// reversed in one step's copies, for tensors and arrays alike.
     #[test]
     fn runs_of_large_blocks_move_in_parts() {
-        let layout = KvLayout {
-            num_layers: 1,
-            block_size: 1,
-            n_kv_heads: 1,
-            head_dim: 5 << 19,
-            dtype: KvDtype::F32,
-        };
+        let layout = KvLayout::new(1, 1, 1, 5 << 19, KvDtype::F32);
         let arrays = KvLayout {
             dtype: KvDtype::F16,
             ..layout
@@ -627,7 +728,7 @@ mod tests {
             KvStorage::new(arrays, 4),
             KvStorage::on_device(layout, 4, &Device::Cpu).unwrap(),
         ] {
-            let mut host = HostStore::new(*kv.layout(), 4);
+            let mut host = HostStore::for_storage(&kv, 4);
             for b in 0..4 {
                 let k = vec![value(b, 1.0); layout.head_dim];
                 let v = vec![value(b, -1.0); layout.head_dim];
@@ -638,7 +739,7 @@ mod tests {
             kv.settle(&mut host).unwrap();
             let (keys, values) = read(&kv, 0);
             for b in 0..4u32 {
-                let at = layout.offset(BlockId(3 - b), 0, 0);
+                let at = kv.layout().offset(BlockId(3 - b), 0, 0);
                 let block = at..at + layout.head_dim;
                 assert!(
                     keys[block.clone()].iter().all(|x| *x == value(b, 1.0)),
@@ -656,13 +757,7 @@ mod tests {
     /// block on its way in.
     #[test]
     fn blocks_round_trip_through_the_host() {
-        let layout = KvLayout {
-            num_layers: 2,
-            block_size: 2,
-            n_kv_heads: 2,
-            head_dim: 4,
-            dtype: KvDtype::F16,
-        };
+        let layout = KvLayout::new(2, 2, 2, 4, KvDtype::F16);
         let width = layout.n_kv_heads * layout.head_dim;
         type Token = (Vec<f32>, Vec<f32>);
         let token = |seed: f32| -> Token {
@@ -685,7 +780,7 @@ mod tests {
                 (0..layout.block_size).all(|slot| {
                     let token = tokens.iter().find(|(s, _)| *s == slot).map(|(_, t)| *t);
                     (0..layout.n_kv_heads).all(|head| {
-                        let at = layout.offset(BlockId(block), head, slot);
+                        let at = kv.layout().offset(BlockId(block), head, slot);
                         let hd = head * layout.head_dim..(head + 1) * layout.head_dim;
                         let (k, v) = (
                             &keys[at..at + layout.head_dim],
@@ -708,7 +803,7 @@ mod tests {
             KvStorage::new(layout, 5),
             KvStorage::on_device(tensors, 5, &Device::Cpu).unwrap(),
         ] {
-            let mut host = HostStore::new(*kv.layout(), 2);
+            let mut host = HostStore::for_storage(&kv, 2);
             for layer in 0..2 {
                 kv.write_token(layer, BlockId(1), 1, &a.0, &a.1).unwrap();
                 kv.write_token(layer, BlockId(0), 0, &b.0, &b.1).unwrap();

@@ -842,13 +842,7 @@ mod tests {
 
     #[test]
     fn matches_naive_attention_across_blocks() {
-        let layout = KvLayout {
-            num_layers: 1,
-            block_size: 4,
-            n_kv_heads: 2,
-            head_dim: 16,
-            dtype: KvDtype::F16,
-        };
+        let layout = KvLayout::new(1, 4, 2, 16, KvDtype::F16);
         // Longer than a tile, so that tiles of several tokens and tokens alone both occur.
         let (n_heads, hd, len) = (4, 16, 21);
         let mut kv = KvStorage::new(layout, 8);
@@ -974,13 +968,7 @@ mod tests {
     /// blocks.
     #[test]
     fn the_candle_ops_attention_matches_the_loop() {
-        let layout = KvLayout {
-            num_layers: 1,
-            block_size: 4,
-            n_kv_heads: 2,
-            head_dim: 16,
-            dtype: KvDtype::F16,
-        };
+        let layout = KvLayout::new(1, 4, 2, 16, KvDtype::F16);
         let (n_heads, num_blocks) = (6, 16);
         let mut kv = KvStorage::new(layout, num_blocks);
         let val = |a: usize, b: usize| ((a * 37 + b * 11) % 29) as f32 / 29.0 - 0.5;
@@ -1029,10 +1017,15 @@ mod tests {
             layout.block_size,
             layout.head_dim,
         );
-        // The device path's cache is f32: the same values, widened.
-        let (keys, values, _) = arrays(&kv);
+        // The device path's cache is f32: the same values, widened, its blocks side by side.
+        let (keys, values, view) = arrays(&kv);
         let wide = |x: &[f16]| {
-            let x: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+            let x: Vec<f32> = (0..num_blocks)
+                .flat_map(|b| {
+                    let at = view.offset(BlockId(b as u32), 0, 0);
+                    x[at..at + layout.block_elems()].iter().map(|v| v.to_f32())
+                })
+                .collect();
             Tensor::from_vec(x, shape, &Device::Cpu).unwrap()
         };
         let (keys, values) = (wide(keys), wide(values));

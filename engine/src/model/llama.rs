@@ -319,13 +319,13 @@ impl LlamaConfig {
     }
 
     pub fn kv_layout(&self, block_size: usize, dtype: KvDtype) -> KvLayout {
-        KvLayout {
-            num_layers: self.num_layers,
+        KvLayout::new(
+            self.num_layers,
             block_size,
-            n_kv_heads: self.n_kv_heads,
-            head_dim: self.head_dim,
+            self.n_kv_heads,
+            self.head_dim,
             dtype,
-        }
+        )
     }
 }
 
@@ -529,6 +529,7 @@ impl Llama {
             )));
         }
         let block_size = kv.layout().block_size;
+        kv.select(self.kv_layout(block_size))?;
         let places = batch
             .seqs
             .iter()

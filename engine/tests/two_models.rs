@@ -1,0 +1,179 @@
+//! One engine serving two models of different architectures and cache shapes (SmolLM2 and
+//! Gemma 3): one scheduler, one KV pool they both draw from.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+
+use common::reference::{gemma3_path, model_path};
+use common::{assert_pool_whole, collect, request, serial, Outcome};
+use engine::{
+    ChatMessage, EngineConfig, EngineHandle, FinishReason, GenerateRequest, SamplingParams,
+};
+
+const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1";
+const GEMMA3: &str = "gemma-3-270m-q4_k_m";
+
+fn engine(config: EngineConfig) -> EngineHandle {
+    EngineHandle::start(&EngineConfig {
+        model: model_path(),
+        extra_models: vec![gemma3_path()],
+        ..config
+    })
+    .expect("the two-model engine starts")
+}
+
+/// Request `i` of sixteen for `model`: a chat question of its own, greedy or seeded sampling.
+fn mixed_request(engine: &EngineHandle, model: &str, i: usize) -> GenerateRequest {
+    let info = engine.models().iter().find(|m| m.id == model).unwrap();
+    let topics = [
+        "rivers", "bread", "comets", "violins", "glaciers", "bees", "chess", "tides",
+    ];
+    let question = format!(
+        "Tell me one fact about {} (number {i}).",
+        topics[i % topics.len()]
+    );
+    let prompt = info
+        .encode_chat(&[ChatMessage::new("user", question)], true)
+        .unwrap()
+        .tokens;
+    let sampling = match i % 2 {
+        0 => SamplingParams::greedy(),
+        _ => SamplingParams {
+            temperature: 0.8,
+            seed: Some(i as u64),
+            ..SamplingParams::default()
+        },
+    };
+    GenerateRequest {
+        model: Some(model.into()),
+        ignore_eos: true,
+        ..request(&prompt, sampling, 12)
+    }
+}
+
+/// Sixteen requests for each model at once give each request exactly the tokens it gives
+/// alone: the models' forwards share a step and a cache, nothing else.
+#[test]
+fn a_mixed_batch_gives_each_request_what_it_gives_alone() {
+    let _serial = serial();
+    let engine = engine(EngineConfig {
+        kv_cache_mb: 64,
+        prefix_cache: false,
+        ..EngineConfig::default()
+    });
+    let requests: Vec<GenerateRequest> = [SMOLLM2, GEMMA3]
+        .iter()
+        .flat_map(|model| (0..16).map(|i| mixed_request(&engine, model, i)))
+        .collect();
+    let alone: Vec<Outcome> = requests
+        .iter()
+        .map(|r| collect(engine.submit(r.clone()).unwrap()))
+        .collect();
+    let streams: Vec<_> = requests
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    let together: Vec<Outcome> = streams.into_iter().map(collect).collect();
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a.reason, FinishReason::Length, "request {i}: {:?}", a.error);
+        assert_eq!(a.tokens.len(), 12);
+        assert_eq!(a, t, "request {i} changed in the mixed batch");
+    }
+    // The two models' answers differ (each ran its own weights).
+    assert_ne!(together[0].text, together[16].text);
+    let stats = engine.stats();
+    for (m, id) in stats.models.iter().zip([SMOLLM2, GEMMA3]) {
+        assert_eq!(m.id, id);
+        // Each request's first token comes from its prefill; the other 11 are decoded.
+        assert_eq!(m.decode_tokens.load(Ordering::Relaxed), 2 * 16 * 11);
+    }
+    assert_pool_whole(&engine);
+}
+
+/// Each model answers with its own chat format: SmolLM2, an instruction-tuned model, alone;
+/// Gemma 3's base model after one example exchange.
+#[test]
+fn each_model_knows_the_capital_of_france() {
+    let _serial = serial();
+    let engine = engine(EngineConfig {
+        kv_cache_mb: 32,
+        ..EngineConfig::default()
+    });
+    let question = "What is the capital of France?";
+    let alone = [ChatMessage::new(
+        "user",
+        format!("{question} Answer in one sentence."),
+    )];
+    let one_shot = [
+        ChatMessage::new("user", "What is the capital of Italy?"),
+        ChatMessage::new("assistant", "Rome."),
+        ChatMessage::new("user", question),
+    ];
+    for (model, messages) in [(SMOLLM2, &alone[..]), (GEMMA3, &one_shot[..])] {
+        let info = engine.models().iter().find(|m| m.id == model).unwrap();
+        let prompt = info.encode_chat(messages, true).unwrap().tokens;
+        let out = collect(
+            engine
+                .submit(GenerateRequest {
+                    model: Some(model.into()),
+                    ..request(&prompt, SamplingParams::greedy(), 16)
+                })
+                .unwrap(),
+        );
+        assert!(out.text.contains("Paris"), "{model}: {:?}", out.text);
+    }
+    // A model the engine does not serve is refused up front, naming those it serves.
+    let refused = engine.submit(GenerateRequest {
+        model: Some("llama-70b".into()),
+        ..GenerateRequest::new(engine::Prompt::Text("Hi".into()))
+    });
+    let error = refused
+        .err()
+        .expect("an unknown model is refused")
+        .to_string();
+    assert!(error.contains(SMOLLM2) && error.contains(GEMMA3), "{error}");
+}
+
+/// The pool is one: a model takes blocks the other left cached (most of the pool), and the same
+/// tokens under the two models never share a block.
+#[test]
+fn kv_memory_moves_to_the_model_with_the_load() {
+    let _serial = serial();
+    const BLOCKS: usize = 48;
+    let engine = engine(EngineConfig {
+        device_kv_blocks: Some(BLOCKS),
+        host_kv_cache_mb: 0,
+        ..EngineConfig::default()
+    });
+    // Token ids both vocabularies hold, a prompt of 40 blocks (of 16 tokens).
+    let prompt: Vec<u32> = (0..640).map(|t| 1000 + (t * 7) % 3000).collect();
+    let run = |model: &str| {
+        collect(
+            engine
+                .submit(GenerateRequest {
+                    model: Some(model.into()),
+                    ignore_eos: true,
+                    ..request(&prompt, SamplingParams::greedy(), 4)
+                })
+                .unwrap(),
+        )
+    };
+    let first = run(SMOLLM2);
+    assert_eq!(first.reason, FinishReason::Length, "{:?}", first.error);
+    assert_pool_whole(&engine);
+    let kv = engine.stats().kv();
+    assert!(kv.gauges.device_cached >= 40, "{:?}", kv.gauges);
+    // Gemma needs 40 of the 48 blocks: it can only have them by evicting SmolLM2's, and it
+    // finds none of them as its own prefix.
+    let second = run(GEMMA3);
+    assert_eq!(second.reason, FinishReason::Length, "{:?}", second.error);
+    assert_eq!(second.cached_tokens, 0, "a block crossed models");
+    let kv = engine.stats().kv();
+    assert!(kv.counters.device_evictions >= 32, "{:?}", kv.counters);
+    // Gemma's prefix is cached now; SmolLM2's was evicted, and a second Gemma run finds its own.
+    let again = run(GEMMA3);
+    assert_eq!(again.tokens, second.tokens);
+    assert!(again.cached_tokens >= 600, "{}", again.cached_tokens);
+    assert_pool_whole(&engine);
+}

@@ -132,12 +132,15 @@ impl InferenceService {
         let caller = state.auth().check(&headers)?;
         let admission = state.limits().admit(caller, Instant::now()).await?;
         let run = runs::run_key(caller, &headers, None)?;
-        let model = state.model();
         let limits = state.structured_limits(caller);
         let wire = wire_request(request.into_inner())?;
+        let named = wire.model.clone();
+        let model = state.model_named(named.as_deref());
         // Rendering and tokenizing a large request is heavy: on the blocking pool, as over HTTP.
         let validating = state.clone();
-        let valid = off_io(move || validate_chat(wire, validating.model(), &limits)).await?;
+        let valid =
+            off_io(move || validate_chat(wire, validating.model_named(named.as_deref()), &limits))
+                .await?;
         structured::compile(model, &valid.structured, &limits).await?;
         let mut generate = valid.generate;
         generate.run = runs::turn(run.as_deref(), &valid.model);

@@ -58,6 +58,11 @@ const AGENT_CACHED_TOKENS: &str = "swarmgate_agent_cached_prompt_tokens_total";
 const WAITING: &str = "swarmgate_waiting_sequences";
 const DEVICE_MEMORY: &str = "swarmgate_device_memory_bytes";
 const DEVICE_FREE_MEMORY: &str = "swarmgate_device_free_memory_bytes";
+const MODEL_RUNNING: &str = "swarmgate_model_running_sequences";
+const MODEL_WAITING: &str = "swarmgate_model_waiting_sequences";
+const MODEL_KV_BLOCKS: &str = "swarmgate_model_kv_blocks";
+const MODEL_PREFILL_TOKENS: &str = "swarmgate_model_prefill_tokens_total";
+const MODEL_DECODE_TOKENS: &str = "swarmgate_model_decode_tokens_total";
 
 /// The parts of the engine's device memory, as `part` labels.
 const MEMORY_PARTS: [&str; 3] = ["weights", "kv", "activations"];
@@ -344,6 +349,18 @@ impl Metrics {
         {
             gauge.set(bytes as f64);
         }
+        for model in &stats.models {
+            let key = |name: &'static str| {
+                Key::from_parts(name, vec![Label::new("model", model.id.clone())])
+            };
+            let gauge = |name| inner.recorder.register_gauge(&key(name), &METADATA);
+            let counter = |name| inner.recorder.register_counter(&key(name), &METADATA);
+            gauge(MODEL_RUNNING).set(model.running.load(Relaxed) as f64);
+            gauge(MODEL_WAITING).set(model.waiting.load(Relaxed) as f64);
+            gauge(MODEL_KV_BLOCKS).set(model.kv_blocks.load(Relaxed) as f64);
+            counter(MODEL_PREFILL_TOKENS).absolute(model.prefill_tokens.load(Relaxed));
+            counter(MODEL_DECODE_TOKENS).absolute(model.decode_tokens.load(Relaxed));
+        }
         // Only a GPU reports its free memory: on the CPU there is no such series.
         if let Some(free) = m.free() {
             inner
@@ -509,6 +526,11 @@ fn describe(recorder: &PrometheusRecorder) {
         (REJECTIONS, "Requests refused, by reason."),
         (PROMPT_TOKENS, "Prompt tokens of finished requests."),
         (GENERATION_TOKENS, "Tokens generated for finished requests."),
+        (
+            MODEL_PREFILL_TOKENS,
+            "Prompt tokens the engine computed, by model.",
+        ),
+        (MODEL_DECODE_TOKENS, "Tokens the engine decoded, by model."),
         (AGENT_REQUESTS, "Swarm requests answered, by agent."),
         (
             AGENT_VERDICTS,
@@ -572,6 +594,16 @@ fn describe(recorder: &PrometheusRecorder) {
         (
             DEVICE_FREE_MEMORY,
             "Free memory of the engine's GPU (GPU engines only).",
+        ),
+        (MODEL_RUNNING, "Sequences the engine is running, by model."),
+        (
+            MODEL_WAITING,
+            "Sequences waiting in the engine's queue, by model.",
+        ),
+        (
+            MODEL_KV_BLOCKS,
+            "Device KV blocks each model's sequences hold: the models draw from one pool, so \
+             the split follows the load.",
         ),
     ];
     for (name, help) in gauges {

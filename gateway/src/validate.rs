@@ -315,6 +315,7 @@ impl Options {
             Some((_, n)) => n as usize,
         };
         let mut generate = GenerateRequest::new(Prompt::Tokens(tokens));
+        generate.model = Some(model.id.clone());
         generate.sampling = self.sampling.clone();
         generate.max_tokens = max_tokens;
         generate.stop = self.stop.clone();

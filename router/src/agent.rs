@@ -458,6 +458,15 @@ impl AgentSpec {
         self.model.is_default() || self.model.as_str() == model_id
     }
 
+    /// The model among `served` (an engine's, the default first) this agent runs on: the
+    /// default for an agent on `default`; `None` when its model is not among them.
+    pub fn model_among<'a>(
+        &self,
+        served: &'a [engine::ModelInfo],
+    ) -> Option<&'a engine::ModelInfo> {
+        served.iter().find(|m| self.runs_on(&m.id))
+    }
+
     /// The policy the verifier applies to this agent's answers: none for system agents, the
     /// default when the swarm file gives none.
     pub fn verifier_policy(&self) -> Option<VerifierPolicy> {

@@ -76,14 +76,17 @@ impl Pins {
         pinned: &mut BTreeMap<AgentId, Pinned>,
         agents: &[&AgentSpec],
     ) -> engine::Result<usize> {
-        let model = self.engine.model();
-        let share = model.kv_capacity_tokens / SHARE_DENOMINATOR;
+        // The models share one pool: so does the share.
+        let share = self.engine.model().kv_capacity_tokens / SHARE_DENOMINATOR;
         let mut warming = Vec::new();
         for agent in agents {
             pinned.remove(&agent.name);
-            let Some(prefix) = agent.system_prefix(model) else {
+            // An agent on a model this engine does not serve runs elsewhere.
+            let model = agent.model_among(self.engine.models());
+            let Some(prefix) = model.and_then(|model| agent.system_prefix(model)) else {
                 continue;
             };
+            let model = model.map(|m| m.id.as_str());
             // Tokenized once here: the share check needs the length, the engine the ids.
             let ids = prefix?;
             let tokens = ids.len();
@@ -103,7 +106,7 @@ impl Pins {
                 );
                 continue;
             }
-            let pin = self.engine.pin_prefix(&Prompt::Tokens(ids))?;
+            let pin = self.engine.pin_prefix(model, &Prompt::Tokens(ids))?;
             warming.push((*agent, pin));
         }
         let mut total = 0;

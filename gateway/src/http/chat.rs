@@ -70,9 +70,15 @@ pub async fn create(
     headers: HeaderMap,
     ApiJson(mut request): ApiJson<ChatCompletionRequest>,
 ) -> Result<(Echo, Response), ApiError> {
+    let named = request.model.clone();
     let turn = state
         .sessions()
-        .open(admission.caller, &headers, state.model(), &mut request)
+        .open(
+            admission.caller,
+            &headers,
+            state.model_named(named.as_deref()),
+            &mut request,
+        )
         .await?;
     let echo = turn.echo();
     let run = runs::run_key(admission.caller, &headers, turn.session())?;
@@ -84,7 +90,7 @@ pub async fn create(
             return Ok((echo, swarm_chat::respond(answered)?));
         }
     }
-    let model_info = state.model();
+    let model_info = state.model_named(named.as_deref());
     let limits = state.structured_limits(admission.caller);
     let validating = state.clone();
     let ValidChatRequest {
@@ -98,7 +104,8 @@ pub async fn create(
         structured,
         messages,
         ..
-    } = off_io(move || validate_chat(request, validating.model(), &limits)).await?;
+    } = off_io(move || validate_chat(request, validating.model_named(named.as_deref()), &limits))
+        .await?;
     let warnings = structured::compile(model_info, &structured, &limits).await?;
     generate.run = runs::turn(run.as_deref(), &model);
     let reply = &structured.reply;

@@ -53,7 +53,8 @@ pub async fn create(
     ApiJson(request): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let run = runs::run_key(admission.caller, &headers, None)?;
-    let model_info = state.model();
+    let named = request.model.clone();
+    let model_info = state.model_named(named.as_deref());
     let validating = state.clone();
     let limits = state.structured_limits(admission.caller);
     let ValidCompletionRequest {
@@ -65,7 +66,10 @@ pub async fn create(
         echo,
         logprobs,
         speculative_prefill,
-    } = off_io(move || validate_completion(request, validating.model(), &limits)).await?;
+    } = off_io(move || {
+        validate_completion(request, validating.model_named(named.as_deref()), &limits)
+    })
+    .await?;
     let echoed: Vec<String> = prompts
         .iter()
         .map(|p| if echo { p.text.clone() } else { String::new() })

@@ -41,7 +41,8 @@ pub async fn ready(State(state): State<AppState>) -> Result<Json<Readiness>, Api
         return Err(ApiError::Unavailable);
     }
     state.limits().ready().await?;
-    let models = std::iter::once(state.model_id())
+    let served = state.transport().models().iter().map(|m| m.id.as_str());
+    let models = served
         .chain(state.embedding_model_id())
         .map(str::to_owned)
         .collect();

@@ -1,5 +1,5 @@
-//! `GET /v1/models`: the ids this server answers to, as OpenAI lists them: the served model, the
-//! embedding model, and with a swarm, `swarm` and every agent that answers users (system agents
+//! `GET /v1/models`: the ids this server answers to, as OpenAI lists them: the served models (the
+//! default first), the embedding model, and with a swarm, `swarm` and every agent that answers users (system agents
 //! are internal: they never take a request themselves). Only what some engine serves now is
 //! listed: with the engines in worker processes, the model once a worker is live, and the
 //! agents some live worker hosts.
@@ -28,9 +28,9 @@ pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
     };
     let transport = state.transport();
     let served = transport.is_ready();
-    let mut ids: Vec<String> = served
-        .then_some(state.model_id())
-        .into_iter()
+    let models = transport.models().iter().filter(|_| served);
+    let mut ids: Vec<String> = models
+        .map(|m| m.id.as_str())
         .chain(state.embedding_model_id())
         .map(str::to_owned)
         .collect();

@@ -104,12 +104,14 @@ pub async fn create(
     let mut tools = request.tools.clone().unwrap_or_default();
     let chat = input::chat_request(&request, &mut tools, &items, first)?;
 
-    let model_info = state.model();
+    let named = chat.model.clone();
+    let model_info = state.model_named(named.as_deref());
     let limits = state.structured_limits(admission.caller);
     let validating = state.clone();
-    let valid = off_io(move || validate_chat(chat, validating.model(), &limits))
-        .await
-        .map_err(input::renamed)?;
+    let valid =
+        off_io(move || validate_chat(chat, validating.model_named(named.as_deref()), &limits))
+            .await
+            .map_err(input::renamed)?;
     let warnings: Vec<String> = structured::compile(model_info, &valid.structured, &limits)
         .await
         .map_err(input::renamed)?

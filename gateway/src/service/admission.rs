@@ -181,7 +181,8 @@ impl Generate for AdmittedEngine {
     fn submit(&self, mut request: GenerateRequest) -> BoxFuture<'_, engine::Result<EventStream>> {
         Box::pin(async move {
             // Tokenized once here: the charge needs the length, the engine the tokens.
-            let prompt = self.state.model().check(&request)?;
+            let model = self.state.model_named(request.model.as_deref());
+            let prompt = model.check(&request)?;
             let prompt_tokens = prompt.len();
             request.prompt = Prompt::Tokens(prompt);
             let submitted = self

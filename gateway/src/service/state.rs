@@ -142,9 +142,24 @@ impl AppState {
         &self.inner.transport
     }
 
-    /// The model requests are prepared for.
+    /// The model requests are prepared for when they name none of the served models: the
+    /// first.
     pub fn model(&self) -> &engine::ModelInfo {
         self.inner.transport.model()
+    }
+
+    /// The served model named `id`, or the default ([`AppState::model`]) for another name (an
+    /// alias, an agent, a model not served: validation then answers for the name).
+    pub fn model_named(&self, id: Option<&str>) -> &engine::ModelInfo {
+        let models = self.inner.transport.models();
+        id.and_then(|id| models.iter().find(|m| m.id == id))
+            .unwrap_or_else(|| self.model())
+    }
+
+    /// The served model `agent` runs on: its own, or the default for an agent on `default`;
+    /// `None` when no engine here serves its model.
+    pub fn agent_model(&self, agent: &router::AgentSpec) -> Option<&engine::ModelInfo> {
+        agent.model_among(self.inner.transport.models())
     }
 
     /// The id clients name the model by (besides the alias `"default"`).

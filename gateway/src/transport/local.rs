@@ -20,6 +20,10 @@ impl Transport for Local {
         self.engine.model()
     }
 
+    fn models(&self) -> &[ModelInfo] {
+        self.engine.models()
+    }
+
     fn submit<'a>(
         &'a self,
         _agent: Option<&'a str>,

@@ -22,8 +22,12 @@ pub use nats::Nats;
 
 /// How requests reach an engine.
 pub trait Transport: Send + Sync + 'static {
-    /// The model requests are prepared for: tokenizer, chat template, context window.
+    /// The model requests are prepared for when they name none: tokenizer, chat template,
+    /// context window.
     fn model(&self) -> &ModelInfo;
+
+    /// Every model the engines serve, the default first.
+    fn models(&self) -> &[ModelInfo];
 
     /// Checks `request` and hands it to an engine serving `agent` (`None`: any engine of the
     /// model). Fails without queueing when the request can never be served or no engine can

@@ -165,6 +165,11 @@ impl Transport for Nats {
         &self.shared.model
     }
 
+    /// The workers serve the one model this gateway prepares requests for.
+    fn models(&self) -> &[ModelInfo] {
+        std::slice::from_ref(&self.shared.model)
+    }
+
     fn submit<'a>(
         &'a self,
         agent: Option<&'a str>,

@@ -70,28 +70,32 @@ pub async fn validate_agent(
     limits: AgentLimits,
     transport: Arc<dyn Transport>,
 ) -> Result<ValidAgent, ApiError> {
-    tokio::task::spawn_blocking(move || validate(spec, &limits, transport.model()))
+    tokio::task::spawn_blocking(move || validate(spec, &limits, transport.models()))
         .await
         .map_err(|e| ApiError::Internal(format!("agent validation task: {e}")))?
 }
 
+/// `models`: those served, the default first.
 fn validate(
     spec: AgentSpec,
     limits: &AgentLimits,
-    model: &engine::ModelInfo,
+    models: &[engine::ModelInfo],
 ) -> Result<ValidAgent, ApiError> {
     spec.validate()?;
     within_limits(&spec, limits)?;
-    if !spec.runs_on(&model.id) {
+    let Some(model) = spec.model_among(models) else {
+        let served: Vec<String> = models.iter().map(|m| format!("`{}`", m.id)).collect();
         return Err(ApiError::invalid(
             "model",
             format!(
-                "agent `{}` runs on model `{}`, which this server does not serve (it serves \
-                 `{}`; `default` names it too)",
-                spec.name, spec.model, model.id
+                "agent `{}` runs on model `{}`, which this server does not serve (it serves {}; \
+                 `default` names the first)",
+                spec.name,
+                spec.model,
+                served.join(", ")
             ),
         ));
-    }
+    };
     let stops = spec.sampling.stop.as_ref().map_or(0, Vec::len);
     if stops > MAX_STOP_SEQUENCES {
         return Err(ApiError::invalid(
@@ -216,7 +220,7 @@ mod tests {
 
     /// The refused field, asserting a 400.
     fn refused(spec: AgentSpec, limits: &AgentLimits) -> String {
-        match validate(spec, limits, &model_info(CAPACITY)) {
+        match validate(spec, limits, &[model_info(CAPACITY)]) {
             Err(ApiError::InvalidRequest {
                 param: Some(param), ..
             }) => param,
@@ -225,7 +229,7 @@ mod tests {
     }
 
     fn accepted(spec: AgentSpec, limits: &AgentLimits) -> ValidAgent {
-        validate(spec, limits, &model_info(CAPACITY)).unwrap()
+        validate(spec, limits, &[model_info(CAPACITY)]).unwrap()
     }
 
     #[test]

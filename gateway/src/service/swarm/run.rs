@@ -314,8 +314,7 @@ impl Run {
         request: &ChatCompletionRequest,
         extra: &[ChatMessage],
     ) -> Result<ValidChatRequest, ApiError> {
-        let model = self.state.model();
-        if !agent.runs_on(&model.id) {
+        if self.state.agent_model(agent).is_none() {
             return Err(ApiError::ModelNotFound(agent.model.to_string()));
         }
         let mut request = request.clone();
@@ -353,7 +352,12 @@ impl Run {
             limits.max_tokens.chat_default = Some(n);
         }
         let state = self.state.clone();
-        off_io(move || validate_chat(request, state.model(), &limits)).await
+        let agent = agent.clone();
+        off_io(move || {
+            let model = state.agent_model(&agent).unwrap_or_else(|| state.model());
+            validate_chat(request, model, &limits)
+        })
+        .await
     }
 
     /// The bounds on what the caller may ask.
@@ -368,7 +372,7 @@ impl Run {
         agent: &AgentSpec,
         valid: &ValidChatRequest,
     ) -> Result<Events, ApiError> {
-        let model = self.state.model();
+        let model = (self.state.agent_model(agent)).unwrap_or_else(|| self.state.model());
         structured::compile(model, &valid.structured, &self.limits()).await?;
         let cost = (valid.prompt_tokens + valid.generate.max_tokens) as u64;
         let name = agent.name.as_str();
@@ -383,7 +387,7 @@ impl Run {
             self.admission
         };
         // The agent's system prompt is every caller's: its cached blocks are shared.
-        admission.shared_prefix = match agent.system_prefix(self.state.model()) {
+        admission.shared_prefix = match agent.system_prefix(model) {
             Some(Ok(tokens)) => tokens.len(),
             _ => 0,
         };

@@ -1,0 +1,143 @@
+//! A server whose engine runs two models (SmolLM2, the default, and Gemma 3), in process
+//! through `app()`: both models and every answering agent listed, a request naming either model,
+//! an agent on each model answering, and the engine's figures labelled by model.
+
+use std::sync::{Arc, LazyLock};
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use engine::{Embedder, EmbedderConfig, EngineConfig, EngineHandle};
+use gateway::config::DEFAULT_MAX_BODY_BYTES;
+use gateway::{app, AppState, Swarm};
+use router::{ModelId, SwarmConfig, VerifierPolicy};
+use serde_json::{json, Value};
+use testkit::{models, root, MODEL_ID, QUESTION};
+use tower::ServiceExt;
+
+const GEMMA3: &str = "gemma-3-270m-q4_k_m";
+
+fn engine() -> &'static EngineHandle {
+    static ENGINE: LazyLock<EngineHandle> = LazyLock::new(|| {
+        EngineHandle::start(&EngineConfig {
+            model: models().join(format!("{MODEL_ID}.gguf")),
+            extra_models: vec![models().join(format!("{GEMMA3}.gguf"))],
+            kv_cache_mb: 64,
+            ..EngineConfig::default()
+        })
+        .expect("the two-model engine starts")
+    });
+    &ENGINE
+}
+
+/// The shipped swarm with `math` on Gemma 3, answering unverified (the verifier judges with
+/// the default model).
+fn state() -> AppState {
+    static SWARM: LazyLock<Swarm> = LazyLock::new(|| {
+        let embedder = Embedder::load(&EmbedderConfig {
+            model: root().join("models/all-MiniLM-L6-v2"),
+            threads: Some(1),
+            ..EmbedderConfig::default()
+        })
+        .expect("the embedder loads (run `make models`)");
+        let mut config = SwarmConfig::load(&root().join("swarm.toml")).unwrap();
+        let math = config.agents.iter_mut().find(|a| a.name.as_str() == "math");
+        let math = math.unwrap();
+        math.model = ModelId::new(GEMMA3).unwrap();
+        math.verifier = Some(VerifierPolicy {
+            enabled: false,
+            ..VerifierPolicy::default()
+        });
+        Swarm::new(config, engine().clone(), Some(Arc::new(embedder))).unwrap()
+    });
+    AppState::new(engine().clone(), DEFAULT_MAX_BODY_BYTES).with_swarm(SWARM.clone())
+}
+
+async fn call(request: Request<Body>) -> (StatusCode, Value) {
+    let response = app(state()).oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let body = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, body)
+}
+
+async fn chat(model: &str, messages: Value) -> (StatusCode, Value) {
+    let body = json!({"model": model, "messages": messages, "temperature": 0, "max_tokens": 24});
+    let request = Request::post("/v1/chat/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    call(request).await
+}
+
+/// Gemma 3's GGUF is its base model: it answers after one example exchange.
+fn one_shot() -> Value {
+    json!([
+        {"role": "user", "content": "What is the capital of Italy?"},
+        {"role": "assistant", "content": "Rome."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ])
+}
+
+fn content(body: &Value) -> &str {
+    body["choices"][0]["message"]["content"].as_str().unwrap()
+}
+
+#[tokio::test]
+async fn both_models_and_every_answering_agent_are_listed() {
+    let (status, body) = call(Request::get("/v1/models").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let ids: Vec<&str> = body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids[..2], [MODEL_ID, GEMMA3], "the default first: {ids:?}");
+    for agent in ["swarm", "coder", "math", "general"] {
+        assert!(ids.contains(&agent), "{agent} missing from {ids:?}");
+    }
+    assert!(!ids.contains(&"verifier"), "system agents are internal");
+}
+
+#[tokio::test]
+async fn a_request_names_either_model() {
+    let (status, body) = chat(MODEL_ID, json!([{"role": "user", "content": QUESTION}])).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["model"], MODEL_ID);
+    assert!(content(&body).contains("Paris"), "{body}");
+    let (status, body) = chat(GEMMA3, one_shot()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["model"], GEMMA3);
+    assert!(content(&body).starts_with("Paris"), "{body}");
+    let (status, body) = chat("gemma-3-1b", one_shot()).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(body["error"]["code"], "model_not_found", "{body}");
+}
+
+/// `general` runs on SmolLM2, `math` on Gemma 3: each answers on its own model, and the
+/// engine's figures say which model decoded what.
+#[tokio::test]
+async fn an_agent_on_each_model_answers() {
+    let (status, body) = chat("general", json!([{"role": "user", "content": QUESTION}])).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(content(&body).contains("Paris"), "{body}");
+    let (status, body) = chat("math", one_shot()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(content(&body).contains("Paris"), "{body}");
+    let decoded = |i: usize| {
+        engine().stats().models[i]
+            .decode_tokens
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    assert!(decoded(0) > 0 && decoded(1) > 0);
+    let (status, body) = call(Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = body.as_str().unwrap();
+    for model in [MODEL_ID, GEMMA3] {
+        let series = format!("swarmgate_model_decode_tokens_total{{model=\"{model}\"}}");
+        assert!(text.contains(&series), "{series} missing");
+    }
+}

@@ -156,7 +156,7 @@ async fn the_compose_roles_serve_a_swarm_and_only_workers_write_heartbeats() {
     let forged = Heartbeat {
         v: VERSION,
         worker: "w1".into(),
-        model: "forged".into(),
+        models: vec!["forged".into()],
         agents: vec![],
         running: 0,
         waiting: 0,
@@ -175,7 +175,11 @@ async fn the_compose_roles_serve_a_swarm_and_only_workers_write_heartbeats() {
     violation(&mut errors, "$KV.swarm_workers.w1").await;
     let beat: Heartbeat =
         protocol::decode(&store.get("w1").await.unwrap().expect("w1's beat")).expect("a heartbeat");
-    assert_eq!(beat.model, testkit::MODEL_ID, "the worker's own heartbeat");
+    assert_eq!(
+        beat.models,
+        [testkit::MODEL_ID],
+        "the worker's own heartbeat"
+    );
     let _stolen = as_gateway.subscribe(subjects.any()).await.unwrap();
     violation(&mut errors, &subjects.any()).await;
 
@@ -208,7 +212,7 @@ async fn after_a_nats_restart_the_registry_is_back_and_ready_recovers_by_itself(
     let mut filler = Heartbeat {
         v: VERSION,
         worker: "filler".into(),
-        model: "another-model".into(),
+        models: vec!["another-model".into()],
         agents: vec![],
         running: 0,
         waiting: 0,

@@ -403,7 +403,7 @@ async fn fake_worker(
     let beat = protocol::Heartbeat {
         v: VERSION,
         worker: id.into(),
-        model: testkit::MODEL_ID.into(),
+        models: vec![testkit::MODEL_ID.into()],
         agents: vec![],
         running: 0,
         waiting: 0,
@@ -469,7 +469,9 @@ async fn gateway_transport(subjects: &Subjects) -> gateway::transport::Nats {
         registry_ttl: Duration::from_secs(30),
         attempts: 3,
     };
-    let transport = Nats::connect(nats().await, model, settings).await.unwrap();
+    let transport = Nats::connect(nats().await, vec![model], settings)
+        .await
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !transport.is_ready() {
         assert!(

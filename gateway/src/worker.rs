@@ -446,7 +446,7 @@ impl Worker {
         Heartbeat {
             v: VERSION,
             worker: self.id.clone(),
-            model: self.engine.model().id.clone(),
+            models: self.engine.models().iter().map(|m| m.id.clone()).collect(),
             agents: agents.to_vec(),
             running: stats.running.load(Ordering::Relaxed),
             waiting: stats.waiting.load(Ordering::Relaxed),

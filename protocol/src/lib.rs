@@ -9,13 +9,13 @@
 //!
 //! Subjects ([`Subjects`]), under the cluster's name (`swarm` unless `--cluster` says otherwise,
 //! so that several swarms can share one NATS):
-//! - `swarm.v1.agent.<agent>`: requests for one agent, to the queue group [`QUEUE_GROUP`], so
+//! - `swarm.v2.agent.<agent>`: requests for one agent, to the queue group [`QUEUE_GROUP`], so
 //!   each goes to one of the workers hosting the agent and a new worker adds capacity by
-//!   subscribing. `swarm.v1.any` is the same for requests that name no agent.
-//! - `swarm.v1.worker.<id>`: requests for one worker, when the gateway chose it (least loaded,
+//!   subscribing. `swarm.v2.any` is the same for requests that name no agent.
+//! - `swarm.v2.worker.<id>`: requests for one worker, when the gateway chose it (least loaded,
 //!   prompt warm) from the registry.
-//! - `swarm.v1.cancel.<id>`: [`Cancel`]s for that worker's requests.
-//! - `swarm.v1.stream.<gateway>.<request>`: the [`Batch`]es of one request's events, back to the
+//! - `swarm.v2.cancel.<id>`: [`Cancel`]s for that worker's requests.
+//! - `swarm.v2.stream.<gateway>.<request>`: the [`Batch`]es of one request's events, back to the
 //!   gateway that asked.
 //!
 //! The registry is the key-value bucket `swarm_workers` (see [`workers`]).
@@ -42,7 +42,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 /// The protocol version every message carries.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// The queue group of every worker's request subscriptions.
 pub const QUEUE_GROUP: &str = "swarm-workers";
@@ -205,8 +205,8 @@ pub struct Cancel {
 pub struct Heartbeat {
     pub v: u32,
     pub worker: String,
-    /// The model its engine serves.
-    pub model: String,
+    /// The models its engine serves, its default first.
+    pub models: Vec<String>,
     /// The agents it hosts; empty: every agent.
     pub agents: Vec<String>,
     /// Sequences decoding, and waiting for a slot.
@@ -220,6 +220,11 @@ pub struct Heartbeat {
 }
 
 impl Heartbeat {
+    /// Whether the worker's engine serves the model `id`.
+    pub fn serves(&self, id: &str) -> bool {
+        self.models.iter().any(|m| m == id)
+    }
+
     /// Whether the worker hosts `agent` (`None`: a request for no agent, which any worker runs).
     pub fn hosts(&self, agent: Option<&str>) -> bool {
         match agent {
@@ -383,10 +388,10 @@ mod tests {
 
     #[test]
     fn another_version_is_named_as_such_whatever_its_shape() {
-        let bytes = serde_json::to_vec(&json!({"v": 2, "something": "else"})).unwrap();
+        let bytes = serde_json::to_vec(&json!({"v": 3, "something": "else"})).unwrap();
         assert_eq!(
             decode::<Submit>(&bytes).unwrap_err(),
-            ProtocolError::UnsupportedVersion(2)
+            ProtocolError::UnsupportedVersion(3)
         );
         assert_eq!(
             decode::<Submit>(&bytes).unwrap_err().code(),
@@ -416,14 +421,14 @@ mod tests {
     #[test]
     fn the_subjects_follow_the_cluster_name() {
         let subjects = subjects();
-        assert_eq!(subjects.agent("coder"), "swarm.v1.agent.coder");
-        assert_eq!(subjects.all_agents(), "swarm.v1.agent.*");
-        assert_eq!(subjects.any(), "swarm.v1.any");
-        assert_eq!(subjects.worker("w1"), "swarm.v1.worker.w1");
-        assert_eq!(subjects.cancel("w1"), "swarm.v1.cancel.w1");
+        assert_eq!(subjects.agent("coder"), "swarm.v2.agent.coder");
+        assert_eq!(subjects.all_agents(), "swarm.v2.agent.*");
+        assert_eq!(subjects.any(), "swarm.v2.any");
+        assert_eq!(subjects.worker("w1"), "swarm.v2.worker.w1");
+        assert_eq!(subjects.cancel("w1"), "swarm.v2.cancel.w1");
         assert_eq!(subjects.bucket(), "swarm_workers");
         let other = Subjects::new("blue").unwrap();
-        assert_eq!(other.agent("coder"), "blue.v1.agent.coder");
+        assert_eq!(other.agent("coder"), "blue.v2.agent.coder");
         assert_eq!(other.bucket(), "blue_workers");
         assert!(Subjects::new("a.b").is_none() && Subjects::new("*").is_none());
     }
@@ -433,12 +438,12 @@ mod tests {
         let subjects = subjects();
         assert!(subjects.is_stream(&subjects.stream("g1", "r1")));
         for subject in [
-            "swarm.v1.agent.coder",
-            "swarm.v1.stream.g1.*",
-            "swarm.v1.stream.>",
-            "swarm.v1.stream.g1",
-            "swarm.v1.stream.g1.r1.more",
-            "blue.v1.stream.g1.r1",
+            "swarm.v2.agent.coder",
+            "swarm.v2.stream.g1.*",
+            "swarm.v2.stream.>",
+            "swarm.v2.stream.g1",
+            "swarm.v2.stream.g1.r1.more",
+            "blue.v2.stream.g1.r1",
         ] {
             assert!(!subjects.is_stream(subject), "{subject}");
         }
@@ -458,7 +463,7 @@ mod tests {
         let mut beat = Heartbeat {
             v: VERSION,
             worker: "w1".into(),
-            model: "m".into(),
+            models: vec!["m".into()],
             agents: vec![],
             running: 0,
             waiting: 0,

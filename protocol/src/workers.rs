@@ -157,7 +157,7 @@ impl Workers {
         let workers = self.lock();
         let mut live: Vec<(usize, bool, &str)> = workers
             .values()
-            .filter(|e| e.seen.elapsed() < ttl && e.beat.model == model && e.beat.hosts(agent))
+            .filter(|e| e.seen.elapsed() < ttl && e.beat.serves(model) && e.beat.hosts(agent))
             .filter(|e| !exclude.contains(&e.beat.worker))
             .map(|e| {
                 let load = e.beat.in_flight.max(e.sent.load(Ordering::Relaxed));
@@ -197,7 +197,7 @@ mod tests {
         Heartbeat {
             v: VERSION,
             worker: worker.into(),
-            model: "m".into(),
+            models: vec!["m".into()],
             agents: agents.iter().map(|a| a.to_string()).collect(),
             running: 0,
             waiting: 0,
@@ -229,6 +229,20 @@ mod tests {
             [] as [&str; 0]
         );
         assert_eq!(workers.candidates("m", None, TTL, &[])[0], "mathonly");
+    }
+
+    /// A request goes to the workers whose engines serve its model, whichever of their models
+    /// it is.
+    #[test]
+    fn workers_are_chosen_by_the_models_they_serve() {
+        let workers = Workers::default();
+        let mut pair = beat("pair", 3, &[], &[]);
+        pair.models = vec!["m".into(), "g".into()];
+        workers.beat(pair);
+        workers.beat(beat("single", 0, &[], &[]));
+        assert_eq!(workers.candidates("m", None, TTL, &[]), ["single", "pair"]);
+        assert_eq!(workers.candidates("g", None, TTL, &[]), ["pair"]);
+        assert!(workers.candidates("x", None, TTL, &[]).is_empty());
     }
 
     #[test]

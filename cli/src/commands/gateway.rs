@@ -20,11 +20,14 @@ pub struct GatewayCommand {
 pub fn run(config: gateway::ServeConfig, command: GatewayCommand) -> Result<()> {
     let nats = command.nats;
     let settings = nats.settings()?;
-    // The tokenizer and the chat template only: the weights are the workers'.
-    let model = engine::ModelInfo::load(&config.engine.model)?;
+    // The tokenizers and the chat templates only: the weights are the workers'.
+    let models = std::iter::once(&config.engine.model)
+        .chain(&config.engine.extra_models)
+        .map(|path| engine::ModelInfo::load(path))
+        .collect::<engine::Result<Vec<_>>>()?;
     runtime()?.block_on(async {
         let client = nats.nats.connect("swarmgate-gateway").await?;
-        let transport = gateway::transport::Nats::connect(client, model, settings)
+        let transport = gateway::transport::Nats::connect(client, models, settings)
             .await
             .context("cannot open the workers' registry (is JetStream on?)")?;
         gateway::serve(config, Arc::new(transport)).await

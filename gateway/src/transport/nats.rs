@@ -100,7 +100,8 @@ pub struct Nats {
 
 struct Shared {
     client: async_nats::Client,
-    model: ModelInfo,
+    /// The models requests may name, the default first; each goes to the workers serving it.
+    models: Vec<ModelInfo>,
     workers: Workers,
     /// This gateway's id, in its stream subjects.
     gateway: String,
@@ -110,12 +111,14 @@ struct Shared {
 
 impl Nats {
     /// Follows the workers' registry on `client` (see [`NatsArgs::connect`]); requests are
-    /// prepared for `model`. Fails when the registry cannot be opened.
+    /// prepared for `models` (at least one: the default first). Fails when the registry cannot
+    /// be opened.
     pub async fn connect(
         client: async_nats::Client,
-        model: ModelInfo,
+        models: Vec<ModelInfo>,
         settings: Settings,
     ) -> anyhow::Result<Self> {
+        anyhow::ensure!(!models.is_empty(), "a gateway needs a model");
         let store =
             workers::bucket(client.clone(), &settings.subjects, settings.registry_ttl).await?;
         let workers = Workers::default();
@@ -128,7 +131,7 @@ impl Nats {
         Ok(Self {
             shared: Arc::new(Shared {
                 client,
-                model,
+                models,
                 workers,
                 gateway: uuid::Uuid::new_v4().simple().to_string(),
                 settings,
@@ -160,14 +163,25 @@ async fn follow(
     }
 }
 
+impl Shared {
+    /// The model named `id` (`None`: the default).
+    fn model(&self, id: Option<&str>) -> engine::Result<&ModelInfo> {
+        let Some(id) = id else {
+            return Ok(&self.models[0]);
+        };
+        (self.models.iter().find(|m| m.id == id)).ok_or_else(|| {
+            EngineError::InvalidRequest(format!("this gateway does not serve the model {id:?}"))
+        })
+    }
+}
+
 impl Transport for Nats {
     fn model(&self) -> &ModelInfo {
-        &self.shared.model
+        &self.shared.models[0]
     }
 
-    /// The workers serve the one model this gateway prepares requests for.
     fn models(&self) -> &[ModelInfo] {
-        std::slice::from_ref(&self.shared.model)
+        &self.shared.models
     }
 
     fn submit<'a>(
@@ -176,7 +190,8 @@ impl Transport for Nats {
         mut request: GenerateRequest,
     ) -> BoxFuture<'a, engine::Result<EventStream>> {
         Box::pin(async move {
-            let prompt = self.shared.model.check(&request)?;
+            let model = self.shared.model(request.model.as_deref())?;
+            let prompt = model.check(&request)?;
             let prompt_tokens = prompt.len();
             request.prompt = Prompt::Tokens(prompt);
             let job = Job {
@@ -210,7 +225,7 @@ impl Transport for Nats {
 impl Nats {
     fn candidates(&self, agent: Option<&str>, exclude: &[String]) -> Vec<String> {
         self.shared.workers.candidates(
-            &self.shared.model.id,
+            &self.shared.models[0].id,
             agent,
             self.shared.settings.registry_ttl,
             exclude,
@@ -248,7 +263,10 @@ impl Job {
                 .shared
                 .workers
                 .candidates(
-                    &self.shared.model.id,
+                    self.request
+                        .model
+                        .as_deref()
+                        .unwrap_or(&self.shared.models[0].id),
                     self.agent.as_deref(),
                     settings.registry_ttl,
                     &self.tried,

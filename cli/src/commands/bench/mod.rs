@@ -9,11 +9,13 @@
 //! - [`overhead`]: a one-token chat through the engine's API and through HTTP, for what the
 //!   gateway adds.
 //! - [`grammar`]: cold compiles of structured requests' grammars.
+//! - [`models`]: several models on one engine, alone and together, and where the KV pool went.
 //!
 //! Everything runs on plain threads: the engine's event streams have a blocking reader, and a
 //! benchmark gains nothing from an async runtime.
 
 mod grammar;
+mod models;
 mod overhead;
 mod shared_prefix;
 mod sweep;
@@ -34,7 +36,9 @@ pub struct BenchArgs {
     /// --prefix-cache says), and compares; `gateway-overhead` times a one-token chat through the
     /// engine's API and through HTTP (--requests pairs, default 100); `grammar-compile` times
     /// cold compiles of the test suites' schemas and a tool envelope (--requests each,
-    /// default 20).
+    /// default 20); `models` runs each model of a several-model engine (--extra-model) alone
+    /// and all together (--concurrency streams per model, default 16; --max-tokens default 64)
+    /// and reports decode rates and each model's share of the KV pool.
     #[arg(long, value_enum, default_value_t = Scenario::Sweep)]
     scenario: Scenario,
     /// Concurrency levels, comma-separated (sweep default: 1,4,16,32; shared-prefix: one
@@ -73,6 +77,7 @@ enum Scenario {
     SharedPrefix,
     GatewayOverhead,
     GrammarCompile,
+    Models,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -84,6 +89,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Scenario::SharedPrefix => shared_prefix::run(&args),
         Scenario::GatewayOverhead => overhead::run(&args),
         Scenario::GrammarCompile => grammar::run(&args),
+        Scenario::Models => models::run(&args),
     }
 }
 

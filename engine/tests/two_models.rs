@@ -52,6 +52,37 @@ fn mixed_request(engine: &EngineHandle, model: &str, i: usize) -> GenerateReques
     }
 }
 
+/// Sixteen requests for each model on `engine`, each alone and then all at once: the outcomes,
+/// alone and together.
+fn alone_and_together(engine: &EngineHandle) -> (Vec<Outcome>, Vec<Outcome>) {
+    let requests: Vec<GenerateRequest> = [SMOLLM2, GEMMA3]
+        .iter()
+        .flat_map(|model| (0..16).map(|i| mixed_request(engine, model, i)))
+        .collect();
+    let alone: Vec<Outcome> = requests
+        .iter()
+        .map(|r| collect(engine.submit(r.clone()).unwrap()))
+        .collect();
+    let streams: Vec<_> = requests
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    let together = streams.into_iter().map(collect).collect();
+    (alone, together)
+}
+
+fn assert_same(alone: &[Outcome], together: &[Outcome]) {
+    for (i, (a, t)) in alone.iter().zip(together).enumerate() {
+        assert_eq!(a.reason, FinishReason::Length, "request {i}: {:?}", a.error);
+        assert_eq!(a.tokens.len(), 12);
+        assert_eq!(
+            a.generated(),
+            t.generated(),
+            "request {i} changed in the mixed batch"
+        );
+    }
+}
+
 /// Sixteen requests for each model at once give each request exactly the tokens it gives
 /// alone: the models' forwards share a step and a cache, nothing else.
 #[test]
@@ -62,24 +93,8 @@ fn a_mixed_batch_gives_each_request_what_it_gives_alone() {
         prefix_cache: false,
         ..EngineConfig::default()
     });
-    let requests: Vec<GenerateRequest> = [SMOLLM2, GEMMA3]
-        .iter()
-        .flat_map(|model| (0..16).map(|i| mixed_request(&engine, model, i)))
-        .collect();
-    let alone: Vec<Outcome> = requests
-        .iter()
-        .map(|r| collect(engine.submit(r.clone()).unwrap()))
-        .collect();
-    let streams: Vec<_> = requests
-        .iter()
-        .map(|r| engine.submit(r.clone()).unwrap())
-        .collect();
-    let together: Vec<Outcome> = streams.into_iter().map(collect).collect();
-    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
-        assert_eq!(a.reason, FinishReason::Length, "request {i}: {:?}", a.error);
-        assert_eq!(a.tokens.len(), 12);
-        assert_eq!(a, t, "request {i} changed in the mixed batch");
-    }
+    let (alone, together) = alone_and_together(&engine);
+    assert_same(&alone, &together);
     // The two models' answers differ (each ran its own weights).
     assert_ne!(together[0].text, together[16].text);
     let stats = engine.stats();
@@ -88,6 +103,28 @@ fn a_mixed_batch_gives_each_request_what_it_gives_alone() {
         // Each request's first token comes from its prefill; the other 11 are decoded.
         assert_eq!(m.decode_tokens.load(Ordering::Relaxed), 2 * 16 * 11);
     }
+    assert_pool_whole(&engine);
+}
+
+/// In a pool far too small for the 32 at once, sequences of both models are preempted, their
+/// blocks swapped out to the host tier and back (or recomputed), and reused from the prefix
+/// cache: each request still gives exactly what it gives alone.
+#[test]
+fn preemption_swaps_and_prefix_hits_serve_both_models_unchanged() {
+    let _serial = serial();
+    let engine = engine(EngineConfig {
+        device_kv_blocks: Some(40),
+        ..EngineConfig::default()
+    });
+    let (alone, together) = alone_and_together(&engine);
+    assert_same(&alone, &together);
+    let kv = engine.stats().kv();
+    assert!(kv.swaps_out > 0, "{kv:?}");
+    assert!(
+        kv.counters.device_hit_tokens + kv.counters.host_hit_tokens > 0,
+        "{kv:?}"
+    );
+    assert!(together.iter().skip(16).any(|o| o.cached_tokens > 0));
     assert_pool_whole(&engine);
 }
 

@@ -60,7 +60,7 @@ enum Command {
     /// Serve the API with the engines in worker processes, reached over NATS.
     Gateway(commands::gateway::GatewayCommand),
     /// Run an engine for gateways, taking their requests over NATS.
-    Worker(gateway::worker::WorkerConfig),
+    Worker(commands::worker::WorkerCommand),
     /// Answer one prompt and print the answer as it is generated.
     Generate(commands::generate::GenerateArgs),
     /// Benchmark the engine in process: a concurrency sweep, or prefix caching on and off.
@@ -96,7 +96,7 @@ fn main() -> Result<()> {
         Command::Gateway(command) => {
             commands::gateway::run(commands::server_config(&matches, "gateway")?, command)
         }
-        Command::Worker(config) => commands::worker::run(config),
+        Command::Worker(command) => commands::worker::run(command),
         Command::Generate(args) => commands::generate::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Plan(args) => commands::plan::run(args),

@@ -655,3 +655,101 @@ async fn a_workers_metrics_and_health_take_the_gateways_keys() {
         assert_eq!(response.status(), 200, "{path} with the key");
     }
 }
+
+/// A worker started as a device of the plan (`--place-on`) loads the models and hosts the
+/// agents placed there: with room for both, SmolLM2 and Gemma 3 in one engine. It advertises
+/// both, and a gateway given the same models sends a request naming Gemma, and one for the agent
+/// on Gemma, to it.
+#[tokio::test]
+async fn a_worker_takes_its_share_of_the_plan_and_serves_both_models() {
+    const GEMMA3: &str = "gemma-3-270m-q4_k_m";
+    let root = testkit::root();
+    let shipped = std::fs::read_to_string(root.join("swarm.toml")).unwrap();
+    // `math`'s model line is the first after its name.
+    let (before, after) = shipped.split_at(shipped.find("name = \"math\"").unwrap());
+    let after = after.replacen("model = \"default\"", &format!("model = \"{GEMMA3}\""), 1);
+    let swarm = format!("{before}{after}");
+    let file = std::env::temp_dir().join(format!("swarmgate-plan-{}.toml", std::process::id()));
+    std::fs::write(&file, swarm).unwrap();
+    let file = file.to_str().unwrap();
+    let name = cluster::cluster("plan");
+    let placed = [
+        "--place-on",
+        "cpu",
+        "--plan-devices",
+        "cpu=4GiB",
+        "--swarm",
+        file,
+    ];
+    let worker = cluster::worker(&name, "planned", &placed).await;
+    let gemma = format!("models/{GEMMA3}.gguf");
+    let env = [
+        ("SWARMGATE_EXTRA_MODELS", gemma.as_str()),
+        ("SWARMGATE_SWARM", file),
+    ];
+    let mut gateway = cluster::spawn_gateway(NATS_URL, &name, &env);
+    gateway.wait_for("/ready", Duration::from_secs(120)).await;
+    let client = reqwest::Client::new();
+    let models: Value = (client.get(gateway.url("/v1/models")).send().await.unwrap())
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids[..2], [testkit::MODEL_ID, GEMMA3], "{models}");
+    assert!(ids.contains(&"math"), "{models}");
+    // Gemma 3's GGUF is its base model: it answers after one example exchange.
+    let one_shot = json!([
+        {"role": "user", "content": "What is the capital of Italy?"},
+        {"role": "assistant", "content": "Rome."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]);
+    // Tokens the worker's engine decoded with Gemma so far, from its metrics.
+    let decoded = || async {
+        let text = (client.get(worker.url("/metrics")).send().await.unwrap())
+            .text()
+            .await
+            .unwrap();
+        let series = format!("swarmgate_model_decode_tokens_total{{model=\"{GEMMA3}\"}} ");
+        let line = text.lines().find(|l| l.starts_with(&series));
+        line.map_or(0, |l| l[series.len()..].trim().parse::<u64>().unwrap())
+    };
+    let chat = |model: &'static str| {
+        let body = json!({"model": model, "messages": one_shot, "max_tokens": 8, "temperature": 0});
+        let request = client.post(gateway.url("/v1/chat/completions")).json(&body);
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status();
+            let body: Value = response.json().await.unwrap();
+            assert_eq!(status, 200, "{model}: {body}");
+            body
+        }
+    };
+    let body = chat(GEMMA3).await;
+    let answer = body["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(answer.contains("Paris"), "{body}");
+    // `math` runs on Gemma (its tutoring prompt is more than the base model can follow: what it
+    // says is beside the point here, where it ran is not).
+    let before = decoded().await;
+    let body = chat("math").await;
+    assert_eq!(body["swarm"]["agent"], "math", "{body}");
+    let generated = body["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(generated > 0);
+    // Each attempt's first token comes from its prefill; the rest are decoded.
+    let attempts = (body["swarm"]["usage"].as_array().unwrap().iter())
+        .filter(|hop| hop["hop"] == "generate")
+        .count() as u64;
+    let after = decoded().await;
+    assert_eq!(
+        after - before,
+        generated - attempts,
+        "math ran on another model"
+    );
+    let log = std::fs::read_to_string(&worker.log).unwrap();
+    assert!(log.contains("taking the plan's share"), "{log}");
+    let _ = std::fs::remove_file(file);
+}

@@ -58,6 +58,17 @@ pub struct GpuSizing {
     max_running: usize,
 }
 
+impl GpuSizing {
+    /// The sizing an engine with `config` runs at.
+    pub fn of(config: &engine::EngineConfig) -> Self {
+        Self {
+            gpu_weights: config.gpu_weights,
+            max_step_tokens: config.max_step_tokens,
+            max_running: config.max_running,
+        }
+    }
+}
+
 pub fn run(args: PlanArgs) -> Result<()> {
     let devices = if args.devices.is_empty() {
         vec![half_of_ram()?]
@@ -66,6 +77,60 @@ pub fn run(args: PlanArgs) -> Result<()> {
     };
     print!("{}", report(&args.config, &args.model, &devices, args.gpu)?);
     Ok(())
+}
+
+/// What the plan gives one device: the files of the models to load there (the served model
+/// first when it is among them) and the agents it hosts.
+#[derive(Debug, PartialEq)]
+pub struct Share {
+    pub models: Vec<PathBuf>,
+    pub agents: Vec<String>,
+}
+
+/// `device`'s share of the placement of the swarm in `config` on `devices`: what a worker
+/// started as that device loads and hosts.
+pub fn share(
+    config: &Path,
+    served: &Path,
+    devices: &[DeviceSpec],
+    gpu: GpuSizing,
+    device: &DeviceName,
+) -> Result<Share> {
+    let registry = Registry::new(SwarmConfig::load(config)?.agents)?;
+    let agents: Vec<AgentSpec> = registry.agents().cloned().collect();
+    share_of(&agents, served, devices, gpu, device)
+}
+
+fn share_of(
+    agents: &[AgentSpec],
+    served: &Path,
+    devices: &[DeviceSpec],
+    gpu: GpuSizing,
+    device: &DeviceName,
+) -> Result<Share> {
+    let catalog = catalog(agents, served, gpu)?;
+    check_pins(agents, &catalog, served)?;
+    let placement = router::plan(agents, &catalog, devices)?;
+    let load = placement
+        .devices()
+        .iter()
+        .find(|load| load.device.name == *device)
+        .with_context(|| format!("the plan has no device `{device}` (see --plan-devices)"))?;
+    let served_id = model_id(served)?;
+    let dir = served.parent().unwrap_or(Path::new("."));
+    let mut models: Vec<&ModelId> = load.models.iter().collect();
+    models.sort_by_key(|m| **m != served_id);
+    let models = models
+        .into_iter()
+        .map(|m| match *m == served_id {
+            true => Ok(served.to_path_buf()),
+            false => model_file(dir, m).context("the catalog's models are files"),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Share {
+        models,
+        agents: load.agents.iter().map(ToString::to_string).collect(),
+    })
 }
 
 /// The placement of the swarm in `config` on `devices`, rendered; an error if the file is
@@ -192,7 +257,7 @@ fn footprint(path: &Path, gpu: GpuSizing) -> Result<ModelFootprint> {
 
 /// The default device: the CPU, with half of the machine's RAM, leaving the rest to the OS,
 /// the host KV tier and everything else running.
-fn half_of_ram() -> Result<DeviceSpec> {
+pub fn half_of_ram() -> Result<DeviceSpec> {
     let meminfo = std::fs::read_to_string("/proc/meminfo")
         .context("cannot read /proc/meminfo to size the default device: pass --devices")?;
     let total = mem_total_bytes(&meminfo)
@@ -482,6 +547,24 @@ mod tests {
         assert_eq!(math.device.as_str(), "cpu1");
         let err = plan("cpu=300MiB").unwrap_err().to_string();
         assert!(err.starts_with("infeasible placement: agent `"), "{err}");
+        // A worker started as each device loads its models and hosts its agents.
+        let share = |list: &str, name: &str| {
+            let name = DeviceName::new(name).unwrap();
+            share_of(&agents, &served(), &devices(list), SIZING, &name)
+        };
+        let cpu = share("cpu=2GiB,cpu1=400MiB", "cpu").unwrap();
+        assert_eq!(cpu.models, [served()]);
+        assert!(cpu.agents.contains(&"coder".to_owned()));
+        assert!(!cpu.agents.contains(&"math".to_owned()));
+        let cpu1 = share("cpu=2GiB,cpu1=400MiB", "cpu1").unwrap();
+        assert_eq!(
+            (cpu1.models, cpu1.agents),
+            (vec![gemma], vec!["math".to_owned()])
+        );
+        let both = share("cpu=4GiB", "cpu").unwrap();
+        assert_eq!(both.models.len(), 2);
+        assert_eq!(both.models[0], served(), "the served model first");
+        assert!(share("cpu=4GiB", "cuda:7").is_err());
     }
 
     #[test]

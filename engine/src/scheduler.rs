@@ -99,6 +99,25 @@ pub struct SchedulerStats {
     pub recomputes: u64,
 }
 
+/// The prefill tokens each model may still take in the step being planned, by model index
+/// (see [`Scheduler::prefill_shares`]); `None`: no limit but the step's budget.
+type Shares = Option<Vec<usize>>;
+
+/// What `seq` may take of `budget` within its model's share.
+fn share(shares: &Shares, seq: &Sequence, budget: usize) -> usize {
+    match shares {
+        Some(shares) => budget.min(shares.get(seq.model).copied().unwrap_or(0)),
+        None => budget,
+    }
+}
+
+/// Counts `n` tokens against `model`'s share.
+fn take_share(shares: &mut Shares, model: usize, n: usize) {
+    if let Some(share) = shares.as_mut().and_then(|s| s.get_mut(model)) {
+        *share = share.saturating_sub(n);
+    }
+}
+
 pub struct Scheduler {
     config: SchedulerConfig,
     kv: KvManager,
@@ -198,11 +217,12 @@ impl Scheduler {
             let mut budget = self.config.max_step_tokens;
             let preemptions = self.stats.preemptions;
             self.schedule_decodes(&mut plan, &mut budget);
-            self.schedule_prefills(&mut plan, &mut budget);
+            let mut shares = self.prefill_shares(budget);
+            self.schedule_prefills(&mut plan, &mut budget, &mut shares);
             // Memory just ran out: admitting now would only thrash (a preempted sequence could
             // be re-admitted and preempted again).
             if self.stats.preemptions == preemptions {
-                self.admit(&mut plan, &mut budget);
+                self.admit(&mut plan, &mut budget, &mut shares);
             }
             if !plan.items.is_empty() || self.running.is_empty() {
                 return plan;
@@ -260,8 +280,50 @@ impl Scheduler {
         }
     }
 
-    /// Step 2: chunks for running sequences still filling their cache.
-    fn schedule_prefills(&mut self, plan: &mut StepPlan, budget: &mut usize) {
+    /// The prefill tokens each model may take this step (see [`Shares`]): when the prompts of
+    /// several models wait to be computed, the budget the decodes left is shared max-min fairly
+    /// by what each model's sequences have pending (a model wanting less than an equal part gets
+    /// all it wants, the others share the rest), so one model's long prompts do not hold back
+    /// the others' admissions. `None` while one model or none has prompts pending.
+    fn prefill_shares(&self, budget: usize) -> Shares {
+        let mut demand: Vec<usize> = Vec::new();
+        let pending = (self.running.iter())
+            .filter(|s| !s.is_decoding())
+            .chain(&self.waiting);
+        for seq in pending {
+            if demand.len() <= seq.model {
+                demand.resize(seq.model + 1, 0);
+            }
+            demand[seq.model] += seq.num_pending();
+        }
+        if demand.iter().filter(|&&d| d > 0).count() < 2 {
+            return None;
+        }
+        let mut shares = vec![0; demand.len()];
+        let mut left = budget;
+        let mut open: Vec<usize> = (0..demand.len()).filter(|&m| demand[m] > 0).collect();
+        while !open.is_empty() && left > 0 {
+            let each = left / open.len();
+            if each == 0 {
+                // Fewer tokens than models: one each to the first, in model order.
+                for &m in open.iter().take(left) {
+                    shares[m] += 1;
+                }
+                break;
+            }
+            for &m in &open {
+                let give = (demand[m] - shares[m]).min(each);
+                shares[m] += give;
+                left -= give;
+            }
+            open.retain(|&m| shares[m] < demand[m]);
+        }
+        Some(shares)
+    }
+
+    /// Step 2: chunks for running sequences still filling their cache, each model within its
+    /// share.
+    fn schedule_prefills(&mut self, plan: &mut StepPlan, budget: &mut usize, shares: &mut Shares) {
         for i in 0..self.running.len() {
             if *budget == 0 {
                 break;
@@ -270,21 +332,23 @@ impl Scheduler {
             if seq.is_decoding() || plan.items.iter().any(|it| it.id == seq.id) {
                 continue;
             }
-            let n = self.fit(seq, seq.num_pending().min(*budget), 0);
+            let n = self.fit(seq, seq.num_pending().min(share(shares, seq, *budget)), 0);
             if n == 0 {
                 continue;
             }
             let need = self.blocks_for(seq.num_computed() + n);
             let grown = self.running[i].blocks.grow_to(need);
             debug_assert!(grown, "fit() checked the free blocks");
+            take_share(shares, self.running[i].model, n);
             self.plan_item(plan, i, n, false);
             *budget -= n;
         }
     }
 
     /// Step 3: admit waiting sequences in order while their first chunk fits: swapped ones are
-    /// swapped back in, new ones take what the prefix cache has.
-    fn admit(&mut self, plan: &mut StepPlan, budget: &mut usize) {
+    /// swapped back in, new ones take what the prefix cache has. A model whose share is spent
+    /// has its candidates passed over, in place, for the other models'.
+    fn admit(&mut self, plan: &mut StepPlan, budget: &mut usize, shares: &mut Shares) {
         // With a limit on runs in progress: the limit and those runs.
         let mut bound = self
             .config
@@ -299,7 +363,8 @@ impl Scheduler {
                 break;
             }
             let at_bound = bound.as_ref().is_some_and(|(max, runs)| runs.len() >= *max);
-            if at_bound && self.starts_run(&self.waiting[next]) {
+            let spent = share(shares, &self.waiting[next], *budget) == 0;
+            if spent || (at_bound && self.starts_run(&self.waiting[next])) {
                 next += 1;
                 continue;
             }
@@ -350,7 +415,7 @@ impl Scheduler {
             let pending = seq.num_pending();
             let n = match expected > 0 && self.fit(&seq, pending, reserve + expected) < pending {
                 true => 0,
-                false => self.fit(&seq, pending.min(*budget), reserve),
+                false => self.fit(&seq, pending.min(share(shares, &seq, *budget)), reserve),
             };
             if n == 0 {
                 // Only a new sequence can get here (a swap-in checked its room): it gives back the
@@ -374,6 +439,7 @@ impl Scheduler {
                 runs.insert(seq.run_arrival);
             }
             let decode = seq.is_decoding();
+            take_share(shares, seq.model, n);
             plan.admitted.push(seq.id);
             let i = insert_sorted(&mut self.running, seq);
             self.plan_item(plan, i, n, decode);
@@ -572,6 +638,41 @@ mod tests {
             s.append(item.id, &[1]);
         }
         plan
+    }
+
+    /// One model's long prompt does not hold back another model's short one that arrived
+    /// after it: the step's prefill budget is shared between the models with prompts pending,
+    /// and what one does not need goes to the other.
+    #[test]
+    fn models_share_the_prefill_budget() {
+        let mut s = scheduler(64, 16);
+        s.add(seq(&s, 1, 100, 0));
+        s.add(seq(&s, 2, 6, 0).of_model(1));
+        let plan = step(&mut s);
+        let tokens = |id: u64| {
+            let item = plan.items.iter().find(|i| i.id == RequestId(id));
+            item.map(|i| (i.model, i.tokens.len()))
+        };
+        assert_eq!(
+            tokens(2),
+            Some((1, 6)),
+            "the short prompt is computed whole"
+        );
+        assert_eq!(
+            tokens(1),
+            Some((0, 10)),
+            "the long one takes the rest of the budget"
+        );
+        // Alone with prompts pending, a model takes the whole budget again.
+        let plan = step(&mut s);
+        let prefill: usize = plan
+            .items
+            .iter()
+            .filter(|i| !i.decode)
+            .map(|i| i.tokens.len())
+            .sum();
+        assert_eq!(prefill, 15);
+        s.check_invariants().unwrap();
     }
 
     #[test]

@@ -141,3 +141,49 @@ async fn an_agent_on_each_model_answers() {
         assert!(text.contains(&series), "{series} missing");
     }
 }
+
+/// A speculative prefill of a Gemma 3 conversation's next turn runs on Gemma 3, in its template:
+/// the follow-up finds the answer's tokens in the cache too.
+#[tokio::test]
+async fn the_next_turn_is_prefilled_on_the_models_own_blocks() {
+    let first = one_shot();
+    let body = json!({"model": GEMMA3, "messages": first, "temperature": 0, "max_tokens": 16,
+        "swarmgate": {"speculative_prefill": true}});
+    let request = Request::post("/v1/chat/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let held = || engine().stats().kv().counters.retained_blocks;
+    let before = held();
+    let (status, answer) = call(request).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let prompt_tokens = answer["usage"]["prompt_tokens"].as_u64().unwrap();
+    // The warm-up ends holding its blocks for the next turn (no other test here holds any).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while held() == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no warm-up held anything"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut second = first.as_array().unwrap().clone();
+    second.push(json!({"role": "assistant", "content": content(&answer)}));
+    second.push(json!({"role": "user", "content": "And of Spain?"}));
+    let hits = || engine().stats().kv().counters.retained_hit_blocks;
+    let hits_before = hits();
+    let (status, follow_up) = chat(GEMMA3, Value::Array(second)).await;
+    assert_eq!(status, StatusCode::OK, "{follow_up}");
+    let cached = follow_up["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached > prompt_tokens / 16 * 16,
+        "{cached} cached of {follow_up}"
+    );
+    // Its blocks are the ones the warm-up held: Gemma 3's, in Gemma 3's template.
+    assert!(
+        hits() > hits_before,
+        "the follow-up found none of the warm-up's blocks"
+    );
+}

@@ -108,8 +108,10 @@ fn stream_live(mut run: Run, mut report: SwarmReport, live: Live, turn: Turn) ->
         events,
     } = live;
     let name = agent.name.to_string();
+    // The agent's model's tokenizer: the one its tokens are ids of.
+    let model = run.state.model_named(valid.generate.model.as_deref());
     let mut answer = Answer {
-        tokenizer: valid.logprobs.map(|_| run.state.model().tokenizer.clone()),
+        tokenizer: valid.logprobs.map(|_| model.tokenizer.clone()),
         ..Answer::new(name.clone(), valid.include_usage).replying(valid.structured.reply.clone(), 1)
     };
     let (tx, rx) = mpsc::channel(LIVE_BUFFER);

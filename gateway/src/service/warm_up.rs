@@ -77,6 +77,8 @@ impl WarmUp {
     ) -> Self {
         let limits = state.structured_limits(admission.caller).hints;
         let mut request = GenerateRequest::new(Prompt::Tokens(Vec::new()));
+        // The turn's model: the follow-up's prefix is in its template and its blocks.
+        request.model = turn.model.clone();
         request.sampling = SamplingParams::greedy();
         request.max_tokens = 1;
         // Runs only when nothing else waits, and is preempted first.
@@ -106,7 +108,7 @@ impl WarmUp {
 
     /// The follow-up's prefix with `answer` in it, as token ids.
     fn prefix(&self, answer: &str) -> Option<Vec<u32>> {
-        let model = self.state.model();
+        let model = self.state.model_named(self.request.model.as_deref());
         match &self.before {
             Before::Chat { messages, reply } => {
                 let mut messages = messages.clone();

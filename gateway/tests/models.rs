@@ -187,3 +187,38 @@ async fn the_next_turn_is_prefilled_on_the_models_own_blocks() {
         "the follow-up found none of the warm-up's blocks"
     );
 }
+
+/// On a server whose engine runs SmolLM2 alone, the agent on Gemma 3 is not listed, and asking
+/// it is a 404 naming its model.
+#[tokio::test]
+async fn an_agent_on_a_model_not_served_is_neither_listed_nor_answered() {
+    let alone = AppState::new(testkit::engine().clone(), DEFAULT_MAX_BODY_BYTES)
+        .with_swarm(state().swarm().unwrap().clone());
+    let get = |uri: &str| Request::get(uri).body(Body::empty()).unwrap();
+    let response = app(alone.clone()).oneshot(get("/v1/models")).await.unwrap();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    let ids: Vec<&str> = body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert!(ids.contains(&"coder") && !ids.contains(&"math"), "{ids:?}");
+    assert!(!ids.contains(&GEMMA3), "{ids:?}");
+    let body = json!({"model": "math", "messages": one_shot(), "max_tokens": 4});
+    let request = Request::post("/v1/chat/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let response = app(alone).oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains(GEMMA3), "{body}");
+}

@@ -2,7 +2,7 @@
 //! default first), the embedding model, and with a swarm, `swarm` and every agent that answers users (system agents
 //! are internal: they never take a request themselves). Only what some engine serves now is
 //! listed: with the engines in worker processes, the model once a worker is live, and the
-//! agents some live worker hosts.
+//! agents some live worker hosts; never an agent on a model no engine serves.
 
 use axum::extract::State;
 use axum::Json;
@@ -41,6 +41,8 @@ pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
             registry
                 .agents()
                 .filter(|agent| !agent.kind.is_system() && transport.serves(agent.name.as_str()))
+                // An agent on a model no engine here serves is answered with a 404.
+                .filter(|agent| state.agent_model(agent).is_some())
                 .map(|agent| agent.name.to_string()),
         );
     }

@@ -19,8 +19,9 @@ pub struct EngineConfig {
     pub model: PathBuf,
     /// More GGUF models for the same engine (repeat the flag, or separate them with commas):
     /// one scheduler batches every model's sequences, and their KV blocks come from one pool
-    /// (each block the size of the largest model's), so memory moves to whichever model the
-    /// load is on. Requests name a model by its file's stem; the first model is the default.
+    /// (each block the memory of the largest model's --block-size tokens; a smaller model's
+    /// blocks hold as many tokens as fit), so memory moves to whichever model the load is on.
+    /// Requests name a model by its file's stem; the first model is the default.
     #[arg(
         long = "extra-model",
         env = "SWARMGATE_EXTRA_MODELS",

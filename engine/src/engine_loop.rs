@@ -256,6 +256,8 @@ pub(crate) struct Lane {
     pub eos: Vec<u32>,
     /// Mixed into its blocks' hashes (see [`crate::kv_cache::prefix::model_salt`]).
     pub salt: u64,
+    /// Tokens per block, as many as its keys and values fit in one of the pool's blocks.
+    pub block_size: usize,
 }
 
 /// Everything the engine loop is built from.
@@ -568,7 +570,7 @@ impl EngineLoop {
             .expected_output_tokens
             .map_or(0, |t| t.min(request.max_tokens));
         let table = (self.scheduler.kv().table())
-            .for_model(self.lanes[model].salt)
+            .for_model(self.lanes[model].salt, self.lanes[model].block_size)
             .salted(request.cache_salt);
         let mut seq = Sequence::new(id, prompt, table, request.priority, arrival)
             .of_model(model)
@@ -952,7 +954,7 @@ impl EngineLoop {
             let keys = seq.blocks.prefix_keys(seq.num_computed());
             let ttl = match (retention.adaptive, run) {
                 (true, Some(run)) => {
-                    let size = (keys.len(), keys.len() * kv.block_size());
+                    let size = (keys.len(), keys.len() * seq.blocks.block_size());
                     let g = kv.gauges();
                     let host_room = g.host_free + g.host_cached >= keys.len();
                     let max = retention.max_secs;

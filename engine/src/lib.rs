@@ -409,11 +409,17 @@ impl EngineHandle {
             _ => KvStorage::shared(&layouts, num_blocks)?,
         };
         let host = HostStore::for_storage(&storage, host_slots);
-        let capacity = Some(num_blocks * config.block_size);
+        // The largest model's blocks hold `--block-size` tokens, a smaller model's as many as
+        // fit in the same memory.
+        let block_sizes: Vec<usize> = models
+            .iter()
+            .map(|m| storage.tokens_per_block(&m.kv_layout(1)))
+            .collect();
         let infos = ggufs
             .iter()
             .zip(&paths)
-            .map(|(g, p)| ModelInfo::from_gguf(g, p, capacity))
+            .zip(&block_sizes)
+            .map(|((g, p), bs)| ModelInfo::from_gguf(g, p, Some(num_blocks * bs)))
             .collect::<Result<Vec<_>>>()?;
         for (i, info) in infos.iter().enumerate() {
             if infos[..i].iter().any(|other| other.id == info.id) {
@@ -436,16 +442,18 @@ impl EngineHandle {
         let lanes: Vec<Lane> = models
             .into_iter()
             .zip(&infos)
-            .map(|(model, info)| Lane {
+            .zip(block_sizes)
+            .map(|((model, info), block_size)| Lane {
                 model,
                 tokenizer: info.tokenizer.clone(),
                 eos: info.eos.clone(),
                 salt: kv_cache::prefix::model_salt(&info.id),
+                block_size,
             })
             .collect();
         let kv = KvConfig {
             num_blocks,
-            block_size: config.block_size,
+            block_size: lanes[0].block_size,
             host_slots,
             prefix_caching: config.prefix_cache,
             salt: lanes[0].salt,
@@ -456,7 +464,6 @@ impl EngineHandle {
             max_running: config.max_running,
             max_active_runs: (config.run_scheduling && config.max_active_runs > 0)
                 .then_some(config.max_active_runs),
-            block_size: config.block_size,
             watermark_blocks: (num_blocks / 100).max(1),
         };
         let (tx, rx) = std::sync::mpsc::channel();

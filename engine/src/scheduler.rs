@@ -45,7 +45,6 @@ pub struct SchedulerConfig {
     /// Most agent runs in progress at once (see [`Scheduler::set_paused_runs`]); `None`: no
     /// limit.
     pub max_active_runs: Option<usize>,
-    pub block_size: usize,
     /// Blocks admission leaves free so running sequences can keep decoding.
     pub watermark_blocks: usize,
 }
@@ -161,8 +160,10 @@ impl Scheduler {
 
     /// Blocks the waiting sequences would need to hold their tokens.
     pub fn waiting_demand_blocks(&self) -> usize {
-        let tokens = self.waiting.iter().map(|s| s.tokens().len());
-        tokens.map(|t| self.blocks_for(t)).sum()
+        self.waiting
+            .iter()
+            .map(|s| s.blocks_for(s.tokens().len()))
+            .sum()
     }
 
     pub fn is_idle(&self) -> bool {
@@ -253,7 +254,7 @@ impl Scheduler {
             }
             // Ends when scheduled, or preempted (as someone else's victim, or its own).
             while let Some(i) = self.running.iter().position(|s| s.id == id) {
-                let need = self.blocks_for(self.running[i].num_computed() + 1);
+                let need = self.running[i].blocks_for(self.running[i].num_computed() + 1);
                 if self.running[i].blocks.grow_to(need) {
                     self.plan_item(plan, i, 1, true);
                     *budget -= 1;
@@ -336,7 +337,7 @@ impl Scheduler {
             if n == 0 {
                 continue;
             }
-            let need = self.blocks_for(seq.num_computed() + n);
+            let need = seq.blocks_for(seq.num_computed() + n);
             let grown = self.running[i].blocks.grow_to(need);
             debug_assert!(grown, "fit() checked the free blocks");
             take_share(shares, self.running[i].model, n);
@@ -384,7 +385,7 @@ impl Scheduler {
             }
             let mut lookup = None;
             if let Some(swapped) = seq.swapped.take() {
-                let need = self.blocks_for(seq.num_computed() + 1).max(swapped.len());
+                let need = seq.blocks_for(seq.num_computed() + 1).max(swapped.len());
                 let swapped_in = match self.kv.num_available() < need + reserve {
                     true => Err(swapped),
                     false => seq.blocks.swap_in(swapped),
@@ -408,7 +409,7 @@ impl Scheduler {
             let expected = match lookup.is_some() && !alone {
                 true => {
                     let len = seq.tokens().len();
-                    self.blocks_for(len + seq.expected_output) - self.blocks_for(len)
+                    seq.blocks_for(len + seq.expected_output) - seq.blocks_for(len)
                 }
                 false => 0,
             };
@@ -427,7 +428,7 @@ impl Scheduler {
                     false => continue,
                 }
             }
-            let grown = seq.blocks.grow_to(self.blocks_for(seq.num_computed() + n));
+            let grown = seq.blocks.grow_to(seq.blocks_for(seq.num_computed() + n));
             debug_assert!(grown, "fit() checked the available blocks");
             if let Some(hit) = lookup {
                 if !seq.wants_prompt_logprobs() {
@@ -482,12 +483,8 @@ impl Scheduler {
     /// leaving `reserve` blocks available.
     fn fit(&self, seq: &Sequence, want: usize, reserve: usize) -> usize {
         let usable = self.kv.num_available().saturating_sub(reserve) + seq.blocks.len();
-        let capacity = (usable * self.config.block_size).saturating_sub(seq.num_computed());
+        let capacity = (usable * seq.blocks.block_size()).saturating_sub(seq.num_computed());
         want.min(capacity)
-    }
-
-    fn blocks_for(&self, tokens: usize) -> usize {
-        tokens.div_ceil(self.config.block_size)
     }
 
     fn plan_item(&self, plan: &mut StepPlan, i: usize, n: usize, decode: bool) {
@@ -552,7 +549,7 @@ impl Scheduler {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.kv.check_invariants()?;
         for s in &self.running {
-            if s.blocks.len() * self.config.block_size < s.num_computed() || s.swapped.is_some() {
+            if s.blocks.len() * s.blocks.block_size() < s.num_computed() || s.swapped.is_some() {
                 return Err(format!("running {:?} does not hold its cache", s.id));
             }
         }
@@ -561,7 +558,7 @@ impl Scheduler {
                 return Err(format!("waiting {:?} holds device blocks", s.id));
             }
             match &s.swapped {
-                Some(sw) if sw.len() * self.config.block_size < s.num_computed() => {
+                Some(sw) if sw.len() * s.blocks.block_size() < s.num_computed() => {
                     return Err(format!("swapped {:?} lost part of its cache", s.id));
                 }
                 None if s.num_computed() != 0 => {
@@ -599,7 +596,6 @@ mod tests {
                 max_step_tokens: budget,
                 max_running: 8,
                 max_active_runs: None,
-                block_size: 4,
                 watermark_blocks: 1,
             },
             KvManager::new(KvConfig {
@@ -985,10 +981,13 @@ mod tests {
 
     /// The salts of the two models of [`no_block_leaks`]; the first is the pool's own.
     const MODEL_SALTS: [u64; 2] = [0, 0x6E6D];
+    /// Their tokens per block: the second model's keys and values are smaller, so a block holds
+    /// more of them.
+    const BLOCK_SIZES: [usize; 2] = [4, 5];
 
     proptest! {
         /// Whatever mix of finishing, cancelled, preempted and timed-out sequences of two models
-        /// drawing from one pool, the block accounting holds after every operation, no block
+        /// drawing from one pool (each with its own tokens per block), the block accounting holds after every operation, no block
         /// ever serves both models (their prompts share tokens, never blocks), every sequence
         /// left is served or reported once nothing more arrives, and every block is back in the
         /// pool at the end.
@@ -1013,7 +1012,7 @@ mod tests {
                         let tokens = (0..prompt as u32)
                             .map(|t| if next % 2 == 0 && t < shared { t } else { t + 1000 * next as u32 })
                             .collect();
-                        let table = s.kv().table().for_model(MODEL_SALTS[model]);
+                        let table = s.kv().table().for_model(MODEL_SALTS[model], BLOCK_SIZES[model]);
                         let seq = Sequence::new(RequestId(next), tokens, table, priority, next)
                             .of_model(model);
                         s.add(if prompt_logprobs { seq.with_prompt_logprobs() } else { seq });

@@ -65,6 +65,11 @@ impl Sequence {
         }
     }
 
+    /// Blocks that hold `tokens` tokens of this sequence.
+    pub fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.blocks.block_size())
+    }
+
     /// The same sequence, run by the engine's model `model`.
     pub fn of_model(mut self, model: usize) -> Self {
         self.model = model;

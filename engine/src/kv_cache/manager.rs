@@ -41,7 +41,7 @@ pub struct KvConfig {
     pub host_slots: usize,
     pub prefix_caching: bool,
     /// Mixed into block hashes: see [`super::prefix::model_salt`]; tables for other models
-    /// sharing the pool use theirs ([`BlockTable::for_model`]).
+    /// sharing the pool use theirs, and their block sizes ([`BlockTable::for_model`]).
     pub salt: u64,
 }
 
@@ -201,6 +201,7 @@ impl KvManager {
             registered: 0,
             tenant: None,
             salt: self.state.borrow().config.salt,
+            block_size: self.block_size(),
         }
     }
 
@@ -337,6 +338,8 @@ pub struct BlockTable {
     tenant: Option<CacheSalt>,
     /// The salt of the model the blocks are for (see [`super::prefix::model_salt`]).
     salt: u64,
+    /// Tokens per block, as the model lays them out.
+    block_size: usize,
 }
 
 impl BlockTable {
@@ -346,11 +349,17 @@ impl BlockTable {
         self
     }
 
-    /// The same table, for the model whose salt is `salt`: its blocks are never shared with
-    /// another model's, whatever their tokens.
-    pub fn for_model(mut self, salt: u64) -> Self {
+    /// The same table, for the model whose salt is `salt` and whose blocks hold `block_size`
+    /// tokens: its blocks are never shared with another model's, whatever their tokens.
+    pub fn for_model(mut self, salt: u64, block_size: usize) -> Self {
         self.salt = salt;
+        self.block_size = block_size;
         self
+    }
+
+    /// Tokens per block: token `p` lives in `blocks()[p / block_size()]`.
+    pub fn block_size(&self) -> usize {
+        self.block_size
     }
 
     fn salts(&self) -> Salts {
@@ -408,7 +417,7 @@ impl BlockTable {
         if !s.config.prefix_caching || tokens.is_empty() {
             return hit;
         }
-        let bs = s.config.block_size;
+        let bs = self.block_size;
         let usable = (tokens.len() - 1) / bs;
         extend_keys(self.salts(), &tokens[..usable * bs], bs, &mut self.keys);
         for key in &self.keys[..usable] {
@@ -445,7 +454,7 @@ impl BlockTable {
         if !s.config.prefix_caching {
             return;
         }
-        let bs = s.config.block_size;
+        let bs = self.block_size;
         let full = (computed / bs).min(self.blocks.len());
         if full <= self.registered {
             return;
@@ -459,7 +468,7 @@ impl BlockTable {
 
     /// Keys of the full blocks among the first `tokens` tokens, for pinning.
     pub fn prefix_keys(&self, tokens: usize) -> Vec<BlockKey> {
-        let n = (tokens / self.kv.block_size()).min(self.registered);
+        let n = (tokens / self.block_size).min(self.registered);
         self.keys[..n].to_vec()
     }
 

@@ -189,20 +189,19 @@ impl KvStorage {
         Self::shared(&[layout], num_blocks).expect("one layout fits its own slabs")
     }
 
-    /// One arena in RAM whose blocks any of `layouts` (models of one engine, f16, the same
-    /// block size) may hold: `num_blocks` slabs, each the size of the largest of their blocks.
-    /// It reads as the first model's until [`KvStorage::select`] picks another.
+    /// One arena in RAM whose blocks any of `layouts` (models of one engine, f16) may hold:
+    /// `num_blocks` slabs, each the size of the largest of their blocks. A model holds as many
+    /// tokens in a slab as fit ([`KvStorage::tokens_per_block`]), so a smaller model's blocks are
+    /// longer. It reads as the first model's until [`KvStorage::select`] picks another.
     pub fn shared(layouts: &[KvLayout], num_blocks: usize) -> Result<Self> {
         let first = *layouts
             .first()
             .ok_or_else(|| crate::EngineError::Model("a cache for no model".into()))?;
         let slab = layouts.iter().map(KvLayout::slab_elems).max().unwrap_or(0);
-        for l in layouts {
-            if l.dtype != KvDtype::F16 || l.block_size != first.block_size {
-                return Err(crate::EngineError::Model(
-                    "models sharing a cache need f16 blocks of one size".into(),
-                ));
-            }
+        if layouts.iter().any(|l| l.dtype != KvDtype::F16) {
+            return Err(crate::EngineError::Model(
+                "models sharing a cache need f16 blocks".into(),
+            ));
         }
         Ok(Self {
             layout: first.in_slabs(slab),
@@ -219,9 +218,7 @@ impl KvStorage {
     pub fn select(&mut self, layout: KvLayout) -> Result<()> {
         let fits = match &self.memory {
             Memory::Arrays { slab, .. } => {
-                layout.dtype == KvDtype::F16
-                    && layout.block_size == self.layout.block_size
-                    && layout.slab_elems() <= *slab
+                layout.dtype == KvDtype::F16 && layout.slab_elems() <= *slab
             }
             Memory::Tensors(_) => layout == self.layout,
         };
@@ -234,6 +231,15 @@ impl KvStorage {
             self.layout = layout.in_slabs(slab);
         }
         Ok(())
+    }
+
+    /// Tokens a block holds for a model whose one-token block is `token` (its layout with a
+    /// block size of 1): as many as fit in a slab; on tensors, the one model's block size.
+    pub fn tokens_per_block(&self, token: &KvLayout) -> usize {
+        match &self.memory {
+            Memory::Arrays { slab, .. } => slab / token.slab_elems(),
+            Memory::Tensors(_) => self.layout.block_size,
+        }
     }
 
     /// Bytes of one block in this storage, whichever model holds it.

@@ -528,7 +528,7 @@ impl Llama {
                 "token id {tok} out of range"
             )));
         }
-        let block_size = kv.layout().block_size;
+        let block_size = kv.tokens_per_block(&self.kv_layout(1));
         kv.select(self.kv_layout(block_size))?;
         let places = batch
             .seqs

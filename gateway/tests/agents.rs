@@ -8,7 +8,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use axum::http::{Method, StatusCode};
-use engine::{Embedder, EmbedderConfig};
+use engine::Embedder;
 use engine::{EngineConfig, EngineHandle};
 use gateway::Swarm;
 use gateway::{AppState, ServeConfig};
@@ -38,16 +38,7 @@ fn engine() -> &'static EngineHandle {
 
 /// A swarm of its own per test (the shipped `swarm.toml`, prompts pinned), sharing one embedder.
 async fn swarm() -> Swarm {
-    static EMBEDDER: LazyLock<Arc<Embedder>> = LazyLock::new(|| {
-        Arc::new(
-            Embedder::load(&EmbedderConfig {
-                model: root().join("models/all-MiniLM-L6-v2"),
-                threads: Some(1),
-                ..EmbedderConfig::default()
-            })
-            .expect("the embedder loads (run `make models`)"),
-        )
-    });
+    static EMBEDDER: LazyLock<Arc<Embedder>> = LazyLock::new(testkit::embedder);
     let config = SwarmConfig::load(&root().join("swarm.toml")).unwrap();
     let swarm = Swarm::new(config, engine().clone(), Some(EMBEDDER.clone())).unwrap();
     swarm.prepare().await.unwrap();

@@ -2,11 +2,11 @@
 //! through `app()`: both models and every answering agent listed, a request naming either model,
 //! an agent on each model answering, and the engine's figures labelled by model.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
-use engine::{Embedder, EmbedderConfig, EngineConfig, EngineHandle};
+use engine::{EngineConfig, EngineHandle};
 use gateway::config::DEFAULT_MAX_BODY_BYTES;
 use gateway::{app, AppState, Swarm};
 use router::{ModelId, SwarmConfig, VerifierPolicy};
@@ -33,12 +33,6 @@ fn engine() -> &'static EngineHandle {
 /// the default model).
 fn state() -> AppState {
     static SWARM: LazyLock<Swarm> = LazyLock::new(|| {
-        let embedder = Embedder::load(&EmbedderConfig {
-            model: root().join("models/all-MiniLM-L6-v2"),
-            threads: Some(1),
-            ..EmbedderConfig::default()
-        })
-        .expect("the embedder loads (run `make models`)");
         let mut config = SwarmConfig::load(&root().join("swarm.toml")).unwrap();
         let math = config.agents.iter_mut().find(|a| a.name.as_str() == "math");
         let math = math.unwrap();
@@ -47,13 +41,17 @@ fn state() -> AppState {
             enabled: false,
             ..VerifierPolicy::default()
         });
-        Swarm::new(config, engine().clone(), Some(Arc::new(embedder))).unwrap()
+        Swarm::new(config, engine().clone(), Some(testkit::embedder())).unwrap()
     });
     AppState::new(engine().clone(), DEFAULT_MAX_BODY_BYTES).with_swarm(SWARM.clone())
 }
 
 async fn call(request: Request<Body>) -> (StatusCode, Value) {
-    let response = app(state()).oneshot(request).await.unwrap();
+    call_on(state(), request).await
+}
+
+async fn call_on(state: AppState, request: Request<Body>) -> (StatusCode, Value) {
+    let response = app(state).oneshot(request).await.unwrap();
     let status = response.status();
     let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
         .await
@@ -81,6 +79,12 @@ fn one_shot() -> Value {
     ])
 }
 
+/// The ids a `/v1/models` answer lists.
+fn ids(body: &Value) -> Vec<&str> {
+    let models = body["data"].as_array().unwrap();
+    models.iter().map(|m| m["id"].as_str().unwrap()).collect()
+}
+
 fn content(body: &Value) -> &str {
     body["choices"][0]["message"]["content"].as_str().unwrap()
 }
@@ -89,12 +93,7 @@ fn content(body: &Value) -> &str {
 async fn both_models_and_every_answering_agent_are_listed() {
     let (status, body) = call(Request::get("/v1/models").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let ids: Vec<&str> = body["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
+    let ids = ids(&body);
     assert_eq!(ids[..2], [MODEL_ID, GEMMA3], "the default first: {ids:?}");
     for agent in ["swarm", "coder", "math", "general"] {
         assert!(ids.contains(&agent), "{agent} missing from {ids:?}");
@@ -194,18 +193,9 @@ async fn the_next_turn_is_prefilled_on_the_models_own_blocks() {
 async fn an_agent_on_a_model_not_served_is_neither_listed_nor_answered() {
     let alone = AppState::new(testkit::engine().clone(), DEFAULT_MAX_BODY_BYTES)
         .with_swarm(state().swarm().unwrap().clone());
-    let get = |uri: &str| Request::get(uri).body(Body::empty()).unwrap();
-    let response = app(alone.clone()).oneshot(get("/v1/models")).await.unwrap();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    let body: Value = serde_json::from_slice(&bytes).unwrap();
-    let ids: Vec<&str> = body["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
+    let models = Request::get("/v1/models").body(Body::empty()).unwrap();
+    let (_, body) = call_on(alone.clone(), models).await;
+    let ids = ids(&body);
     assert!(ids.contains(&"coder") && !ids.contains(&"math"), "{ids:?}");
     assert!(!ids.contains(&GEMMA3), "{ids:?}");
     let body = json!({"model": "math", "messages": one_shot(), "max_tokens": 4});
@@ -213,12 +203,8 @@ async fn an_agent_on_a_model_not_served_is_neither_listed_nor_answered() {
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body.to_string()))
         .unwrap();
-    let response = app(alone).oneshot(request).await.unwrap();
-    assert_eq!(response.status(), StatusCode::NOT_FOUND);
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    let (status, body) = call_on(alone, request).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains(GEMMA3), "{body}");
 }

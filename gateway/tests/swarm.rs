@@ -2,11 +2,10 @@
 //! with `oneshot`: the default swarm file's agents, both strategies, the error envelopes, and a
 //! server started without a swarm.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
-use engine::{Embedder, EmbedderConfig};
 use gateway::config::DEFAULT_MAX_BODY_BYTES;
 use gateway::Swarm;
 use gateway::{app, AppState};
@@ -19,14 +18,8 @@ const AGENTS: [&str; 6] = ["analyst", "coder", "general", "math", "support", "wr
 
 fn swarm() -> Swarm {
     static SWARM: LazyLock<Swarm> = LazyLock::new(|| {
-        let embedder = Embedder::load(&EmbedderConfig {
-            model: root().join("models/all-MiniLM-L6-v2"),
-            threads: Some(1),
-            ..EmbedderConfig::default()
-        })
-        .expect("the embedder loads (run `make models`)");
         let config = SwarmConfig::load(&root().join("swarm.toml")).unwrap();
-        Swarm::new(config, engine().clone(), Some(Arc::new(embedder))).unwrap()
+        Swarm::new(config, engine().clone(), Some(testkit::embedder())).unwrap()
     });
     SWARM.clone()
 }

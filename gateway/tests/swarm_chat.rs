@@ -8,11 +8,10 @@
 //! has a default tool.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
-use engine::{Embedder, EmbedderConfig};
 use gateway::config::DEFAULT_MAX_BODY_BYTES;
 use gateway::Swarm;
 use gateway::{app, AppState};
@@ -26,12 +25,6 @@ const ANALYST_BUDGET: u64 = 400;
 
 fn swarm() -> Swarm {
     static SWARM: LazyLock<Swarm> = LazyLock::new(|| {
-        let embedder = Embedder::load(&EmbedderConfig {
-            model: root().join("models/all-MiniLM-L6-v2"),
-            threads: Some(1),
-            ..EmbedderConfig::default()
-        })
-        .expect("the embedder loads (run `make models`)");
         let mut config = SwarmConfig::load(&root().join("swarm.toml")).unwrap();
         for agent in &mut config.agents {
             match agent.name.as_str() {
@@ -51,7 +44,7 @@ fn swarm() -> Swarm {
                 _ => {}
             }
         }
-        Swarm::new(config, engine().clone(), Some(Arc::new(embedder))).unwrap()
+        Swarm::new(config, engine().clone(), Some(testkit::embedder())).unwrap()
     });
     SWARM.clone()
 }

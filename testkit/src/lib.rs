@@ -9,7 +9,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use engine::{EngineConfig, EngineHandle};
@@ -50,6 +50,16 @@ pub fn engine() -> &'static EngineHandle {
         .expect("the engine starts")
     });
     &ENGINE
+}
+
+/// The embedding model (all-MiniLM-L6-v2) on one thread, for a test's swarm to route with.
+pub fn embedder() -> Arc<engine::Embedder> {
+    let config = engine::EmbedderConfig {
+        model: models().join("all-MiniLM-L6-v2"),
+        threads: Some(1),
+        ..engine::EmbedderConfig::default()
+    };
+    Arc::new(engine::Embedder::load(&config).expect("the embedder loads (run `make models`)"))
 }
 
 /// Held by every test that makes the engine generate, so that the checks below see only that

@@ -694,12 +694,7 @@ async fn a_worker_takes_its_share_of_the_plan_and_serves_both_models() {
         .json()
         .await
         .unwrap();
-    let ids: Vec<&str> = models["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
+    let ids = testkit::calls::ids(&models);
     assert_eq!(ids[..2], [testkit::MODEL_ID, GEMMA3], "{models}");
     assert!(ids.contains(&"math"), "{models}");
     // Gemma 3's GGUF is its base model: it answers after one example exchange.

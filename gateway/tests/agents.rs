@@ -14,7 +14,7 @@ use gateway::Swarm;
 use gateway::{AppState, ServeConfig};
 use router::SwarmConfig;
 use serde_json::{json, Value};
-use testkit::calls::call;
+use testkit::calls::{call, ids};
 use testkit::{models, root, MODEL_ID};
 
 const USER_KEY: &str = "sk-user";
@@ -143,12 +143,7 @@ async fn agents_are_listed_described_and_served_as_models() {
     let state = server(false).await;
     let (status, list) = call(&state, Method::GET, "/v1/agents", None, None).await;
     assert_eq!(status, StatusCode::OK, "{list}");
-    let names: Vec<&str> = list["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["id"].as_str().unwrap())
-        .collect();
+    let names = ids(&list);
     assert_eq!(
         names,
         ["analyst", "coder", "general", "math", "router", "support", "verifier", "writer"]
@@ -188,12 +183,7 @@ async fn agents_are_listed_described_and_served_as_models() {
 
     let (status, models) = call(&state, Method::GET, "/v1/models", None, None).await;
     assert_eq!(status, StatusCode::OK);
-    let ids: Vec<&str> = models["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
+    let ids = ids(&models);
     for id in [
         "swarm", "coder", "math", "writer", "support", "analyst", "general",
     ] {

@@ -5,12 +5,13 @@
 use std::sync::LazyLock;
 
 use axum::body::Body;
-use axum::http::{header, Request, StatusCode};
+use axum::http::{Method, Request, StatusCode};
 use engine::{EngineConfig, EngineHandle};
 use gateway::config::DEFAULT_MAX_BODY_BYTES;
 use gateway::{app, AppState, Swarm};
 use router::{ModelId, SwarmConfig, VerifierPolicy};
 use serde_json::{json, Value};
+use testkit::calls::{call, ids};
 use testkit::{models, root, MODEL_ID, QUESTION};
 use tower::ServiceExt;
 
@@ -46,28 +47,20 @@ fn state() -> AppState {
     AppState::new(engine().clone(), DEFAULT_MAX_BODY_BYTES).with_swarm(SWARM.clone())
 }
 
-async fn call(request: Request<Body>) -> (StatusCode, Value) {
-    call_on(state(), request).await
-}
-
-async fn call_on(state: AppState, request: Request<Body>) -> (StatusCode, Value) {
-    let response = app(state).oneshot(request).await.unwrap();
-    let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    let body = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-    (status, body)
+async fn post_chat(state: &AppState, body: Value) -> (StatusCode, Value) {
+    call(
+        state,
+        Method::POST,
+        "/v1/chat/completions",
+        None,
+        Some(body),
+    )
+    .await
 }
 
 async fn chat(model: &str, messages: Value) -> (StatusCode, Value) {
     let body = json!({"model": model, "messages": messages, "temperature": 0, "max_tokens": 24});
-    let request = Request::post("/v1/chat/completions")
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    call(request).await
+    post_chat(&state(), body).await
 }
 
 /// Gemma 3's GGUF is its base model: it answers after one example exchange.
@@ -79,19 +72,13 @@ fn one_shot() -> Value {
     ])
 }
 
-/// The ids a `/v1/models` answer lists.
-fn ids(body: &Value) -> Vec<&str> {
-    let models = body["data"].as_array().unwrap();
-    models.iter().map(|m| m["id"].as_str().unwrap()).collect()
-}
-
 fn content(body: &Value) -> &str {
     body["choices"][0]["message"]["content"].as_str().unwrap()
 }
 
 #[tokio::test]
 async fn both_models_and_every_answering_agent_are_listed() {
-    let (status, body) = call(Request::get("/v1/models").body(Body::empty()).unwrap()).await;
+    let (status, body) = call(&state(), Method::GET, "/v1/models", None, None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let ids = ids(&body);
     assert_eq!(ids[..2], [MODEL_ID, GEMMA3], "the default first: {ids:?}");
@@ -132,9 +119,14 @@ async fn an_agent_on_each_model_answers() {
             .load(std::sync::atomic::Ordering::Relaxed)
     };
     assert!(decoded(0) > 0 && decoded(1) > 0);
-    let (status, body) = call(Request::get("/metrics").body(Body::empty()).unwrap()).await;
-    assert_eq!(status, StatusCode::OK);
-    let text = body.as_str().unwrap();
+    // The exposition is text, not JSON.
+    let metrics = Request::get("/metrics").body(Body::empty()).unwrap();
+    let response = app(state()).oneshot(metrics).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
     for model in [MODEL_ID, GEMMA3] {
         let series = format!("swarmgate_model_decode_tokens_total{{model=\"{model}\"}}");
         assert!(text.contains(&series), "{series} missing");
@@ -148,13 +140,9 @@ async fn the_next_turn_is_prefilled_on_the_models_own_blocks() {
     let first = one_shot();
     let body = json!({"model": GEMMA3, "messages": first, "temperature": 0, "max_tokens": 16,
         "swarmgate": {"speculative_prefill": true}});
-    let request = Request::post("/v1/chat/completions")
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
     let held = || engine().stats().kv().counters.retained_blocks;
     let before = held();
-    let (status, answer) = call(request).await;
+    let (status, answer) = post_chat(&state(), body).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     let prompt_tokens = answer["usage"]["prompt_tokens"].as_u64().unwrap();
     // The warm-up ends holding its blocks for the next turn (no other test here holds any).
@@ -193,17 +181,12 @@ async fn the_next_turn_is_prefilled_on_the_models_own_blocks() {
 async fn an_agent_on_a_model_not_served_is_neither_listed_nor_answered() {
     let alone = AppState::new(testkit::engine().clone(), DEFAULT_MAX_BODY_BYTES)
         .with_swarm(state().swarm().unwrap().clone());
-    let models = Request::get("/v1/models").body(Body::empty()).unwrap();
-    let (_, body) = call_on(alone.clone(), models).await;
+    let (_, body) = call(&alone, Method::GET, "/v1/models", None, None).await;
     let ids = ids(&body);
     assert!(ids.contains(&"coder") && !ids.contains(&"math"), "{ids:?}");
     assert!(!ids.contains(&GEMMA3), "{ids:?}");
     let body = json!({"model": "math", "messages": one_shot(), "max_tokens": 4});
-    let request = Request::post("/v1/chat/completions")
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let (status, body) = call_on(alone, request).await;
+    let (status, body) = post_chat(&alone, body).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains(GEMMA3), "{body}");

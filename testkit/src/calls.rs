@@ -33,3 +33,12 @@ pub async fn call(
         .unwrap();
     (status, serde_json::from_slice(&bytes).unwrap())
 }
+
+/// The `id` of every item of a list answer's `data` (`/v1/models`, `/v1/agents`), in order.
+pub fn ids(list: &Value) -> Vec<&str> {
+    let items = list["data"].as_array().expect("a list answer");
+    items
+        .iter()
+        .map(|item| item["id"].as_str().unwrap())
+        .collect()
+}

@@ -104,11 +104,6 @@ impl KvLayout {
         2 * self.num_layers * self.block_elems() * self.dtype.bytes()
     }
 
-    /// How many blocks a budget of `bytes` holds.
-    pub fn blocks_for_budget(&self, bytes: usize) -> usize {
-        bytes / self.bytes_per_block()
-    }
-
     /// Where token slot `slot` of head `head` starts inside a layer's keys or values.
     #[inline]
     pub fn offset(&self, block: BlockId, head: usize, slot: usize) -> usize {
@@ -239,14 +234,6 @@ impl KvStorage {
         match &self.memory {
             Memory::Arrays { slab, .. } => slab / token.slab_elems(),
             Memory::Tensors(_) => self.layout.block_size,
-        }
-    }
-
-    /// Bytes of one block in this storage, whichever model holds it.
-    pub fn bytes_per_block(&self) -> usize {
-        match &self.memory {
-            Memory::Arrays { slab, .. } => slab * KvDtype::F16.bytes(),
-            Memory::Tensors(_) => self.layout.bytes_per_block(),
         }
     }
 

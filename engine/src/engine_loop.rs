@@ -38,7 +38,9 @@ use tokenizers::Tokenizer;
 use tokio::sync::mpsc::Sender;
 
 use crate::constraint::Constraint;
-use crate::kv_cache::{BlockKey, HostStore, KvConfig, KvCounters, KvGauges, KvManager, KvStorage};
+use crate::kv_cache::{
+    BlockKey, HostStore, KvConfig, KvCounters, KvGauges, KvGroup, KvManager, KvStorage,
+};
 use crate::model::{ForwardBatch, Llama, Logits};
 use crate::request::{
     Event, FinishReason, GenerateRequest, RequestId, Retention, RunTurn, TokenLogprob, Usage,
@@ -256,8 +258,9 @@ pub(crate) struct Lane {
     pub eos: Vec<u32>,
     /// Mixed into its blocks' hashes (see [`crate::kv_cache::prefix::model_salt`]).
     pub salt: u64,
-    /// Tokens per block, as many as its keys and values fit in one of the pool's blocks.
-    pub block_size: usize,
+    /// How its layers keep their blocks: tokens a block (as many as their keys and values fit
+    /// in one of the pool's blocks), and the window of the layers with one.
+    pub groups: Vec<KvGroup>,
 }
 
 /// Everything the engine loop is built from.
@@ -570,7 +573,7 @@ impl EngineLoop {
             .expected_output_tokens
             .map_or(0, |t| t.min(request.max_tokens));
         let table = (self.scheduler.kv().table())
-            .for_model(self.lanes[model].salt, self.lanes[model].block_size)
+            .for_model(self.lanes[model].salt, &self.lanes[model].groups)
             .salted(request.cache_salt);
         let mut seq = Sequence::new(id, prompt, table, request.priority, arrival)
             .of_model(model)
@@ -954,7 +957,7 @@ impl EngineLoop {
             let keys = seq.blocks.prefix_keys(seq.num_computed());
             let ttl = match (retention.adaptive, run) {
                 (true, Some(run)) => {
-                    let size = (keys.len(), keys.len() * seq.blocks.block_size());
+                    let size = (keys.len(), seq.num_computed());
                     let g = kv.gauges();
                     let host_room = g.host_free + g.host_cached >= keys.len();
                     let max = retention.max_secs;
@@ -1054,7 +1057,7 @@ impl EngineLoop {
         let mut blocks = vec![std::collections::HashSet::new(); n];
         for seq in self.scheduler.running() {
             running[seq.model] += 1;
-            blocks[seq.model].extend(seq.blocks.blocks().iter().copied());
+            blocks[seq.model].extend(seq.blocks.held());
         }
         for seq in self.scheduler.waiting() {
             waiting[seq.model] += 1;

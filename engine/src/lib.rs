@@ -62,7 +62,7 @@ pub use request::{
 };
 
 use engine_loop::{Command, EngineLoop, Lane, LoopSetup, QueueSlot, Submission};
-use kv_cache::{HostStore, KvConfig, KvStorage};
+use kv_cache::{HostStore, KvConfig, KvGroup, KvStorage};
 use model::{Backend, Gguf, Llama, LlamaConfig};
 use scheduler::SchedulerConfig;
 
@@ -248,6 +248,29 @@ pub const GPU_HEADROOM: usize = 256 << 20;
 /// Bytes for the device tier of the KV cache: `--kv-cache-mb`, or on a GPU with
 /// `--gpu-memory-utilization` that share of its memory less what is in use already (the weights
 /// just loaded, other processes), the step's activations and a headroom.
+/// The most tokens one sequence of a model whose layers keep `groups` can hold in a pool of
+/// `num_blocks` blocks, computed in chunks of up to `chunk` tokens: a chunk reads the window
+/// before its first token, so a layer with a window holds the blocks of the window and of the
+/// chunk, and the others every block.
+fn pool_tokens(groups: &[KvGroup], num_blocks: usize, chunk: usize) -> usize {
+    let blocks = |end: usize| -> usize {
+        let from = end.saturating_sub(chunk.max(1));
+        groups.iter().map(|g| g.blocks_for(from, end)).sum()
+    };
+    let most = num_blocks * groups.iter().map(|g| g.block_size).max().unwrap_or(0);
+    // Blocks needed never fall as the sequence grows by a chunk or more; the first length past
+    // the pool bounds it.
+    let (mut lo, mut hi) = (0, most);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        match blocks(mid) <= num_blocks {
+            true => lo = mid,
+            false => hi = mid - 1,
+        }
+    }
+    lo
+}
+
 fn kv_budget(
     config: &EngineConfig,
     device: &candle_core::Device,
@@ -410,16 +433,16 @@ impl EngineHandle {
         };
         let host = HostStore::for_storage(&storage, host_slots);
         // The largest model's blocks hold `--block-size` tokens, a smaller model's as many as
-        // fit in the same memory.
-        let block_sizes: Vec<usize> = models
-            .iter()
-            .map(|m| storage.tokens_per_block(&m.kv_layout(1)))
-            .collect();
+        // fit in the same memory; layers with a sliding window keep blocks of their own.
+        let groups: Vec<Vec<KvGroup>> = models.iter().map(|m| m.kv_groups(&storage)).collect();
         let infos = ggufs
             .iter()
             .zip(&paths)
-            .zip(&block_sizes)
-            .map(|((g, p), bs)| ModelInfo::from_gguf(g, p, Some(num_blocks * bs)))
+            .zip(&groups)
+            .map(|((g, p), groups)| {
+                let capacity = pool_tokens(groups, num_blocks, config.max_step_tokens);
+                ModelInfo::from_gguf(g, p, Some(capacity))
+            })
             .collect::<Result<Vec<_>>>()?;
         for (i, info) in infos.iter().enumerate() {
             if infos[..i].iter().any(|other| other.id == info.id) {
@@ -442,18 +465,18 @@ impl EngineHandle {
         let lanes: Vec<Lane> = models
             .into_iter()
             .zip(&infos)
-            .zip(block_sizes)
-            .map(|((model, info), block_size)| Lane {
+            .zip(groups)
+            .map(|((model, info), groups)| Lane {
                 model,
                 tokenizer: info.tokenizer.clone(),
                 eos: info.eos.clone(),
                 salt: kv_cache::prefix::model_salt(&info.id),
-                block_size,
+                groups,
             })
             .collect();
         let kv = KvConfig {
             num_blocks,
-            block_size: lanes[0].block_size,
+            block_size: lanes[0].groups[0].block_size,
             host_slots,
             prefix_caching: config.prefix_cache,
             salt: lanes[0].salt,

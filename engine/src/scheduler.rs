@@ -58,7 +58,8 @@ pub struct PlanItem {
     /// Position of the first token.
     pub pos0: usize,
     pub tokens: Vec<u32>,
-    pub blocks: Vec<BlockId>,
+    /// The sequence's blocks, a table per layer group of its model.
+    pub blocks: Vec<Vec<BlockId>>,
     /// The chunk reaches the end of the sequence: sample its next token.
     pub sample: bool,
     /// A decode step (one token after the previous one was sampled), not a prefill chunk.
@@ -254,8 +255,8 @@ impl Scheduler {
             }
             // Ends when scheduled, or preempted (as someone else's victim, or its own).
             while let Some(i) = self.running.iter().position(|s| s.id == id) {
-                let need = self.running[i].blocks_for(self.running[i].num_computed() + 1);
-                if self.running[i].blocks.grow_to(need) {
+                let end = self.running[i].num_computed() + 1;
+                if self.running[i].blocks.grow_to(end) {
                     self.plan_item(plan, i, 1, true);
                     *budget -= 1;
                     break;
@@ -337,8 +338,8 @@ impl Scheduler {
             if n == 0 {
                 continue;
             }
-            let need = seq.blocks_for(seq.num_computed() + n);
-            let grown = self.running[i].blocks.grow_to(need);
+            let end = seq.num_computed() + n;
+            let grown = self.running[i].blocks.grow_to(end);
             debug_assert!(grown, "fit() checked the free blocks");
             take_share(shares, self.running[i].model, n);
             self.plan_item(plan, i, n, false);
@@ -428,7 +429,7 @@ impl Scheduler {
                     false => continue,
                 }
             }
-            let grown = seq.blocks.grow_to(seq.blocks_for(seq.num_computed() + n));
+            let grown = seq.blocks.grow_to(seq.num_computed() + n);
             debug_assert!(grown, "fit() checked the available blocks");
             if let Some(hit) = lookup {
                 if !seq.wants_prompt_logprobs() {
@@ -483,8 +484,17 @@ impl Scheduler {
     /// leaving `reserve` blocks available.
     fn fit(&self, seq: &Sequence, want: usize, reserve: usize) -> usize {
         let usable = self.kv.num_available().saturating_sub(reserve) + seq.blocks.len();
-        let capacity = (usable * seq.blocks.block_size()).saturating_sub(seq.num_computed());
-        want.min(capacity)
+        let fits = |n: usize| seq.blocks_for(seq.num_computed() + n) <= usable;
+        // The most tokens that fit: blocks needed grow with the tokens.
+        let (mut lo, mut hi) = (0, want);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            match fits(mid) {
+                true => lo = mid,
+                false => hi = mid - 1,
+            }
+        }
+        lo
     }
 
     fn plan_item(&self, plan: &mut StepPlan, i: usize, n: usize, decode: bool) {
@@ -495,7 +505,7 @@ impl Scheduler {
             model: seq.model,
             pos0,
             tokens: seq.tokens()[pos0..pos0 + n].to_vec(),
-            blocks: seq.blocks.blocks().to_vec(),
+            blocks: seq.blocks.tables(),
             sample: pos0 + n == seq.tokens().len(),
             decode,
             prompt_logprobs: seq.wants_prompt_logprobs(),
@@ -549,7 +559,7 @@ impl Scheduler {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.kv.check_invariants()?;
         for s in &self.running {
-            if s.blocks.len() * s.blocks.block_size() < s.num_computed() || s.swapped.is_some() {
+            if !s.blocks.covers(s.num_computed()) || s.swapped.is_some() {
                 return Err(format!("running {:?} does not hold its cache", s.id));
             }
         }
@@ -558,7 +568,7 @@ impl Scheduler {
                 return Err(format!("waiting {:?} holds device blocks", s.id));
             }
             match &s.swapped {
-                Some(sw) if sw.len() * s.blocks.block_size() < s.num_computed() => {
+                Some(sw) if !s.blocks.covered_by(sw, s.num_computed()) => {
                     return Err(format!("swapped {:?} lost part of its cache", s.id));
                 }
                 None if s.num_computed() != 0 => {
@@ -583,7 +593,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    use crate::kv_cache::KvConfig;
+    use crate::kv_cache::{KvConfig, KvGroup};
 
     fn scheduler_with(
         blocks: usize,
@@ -981,16 +991,29 @@ mod tests {
 
     /// The salts of the two models of [`no_block_leaks`]; the first is the pool's own.
     const MODEL_SALTS: [u64; 2] = [0, 0x6E6D];
-    /// Their tokens per block: the second model's keys and values are smaller, so a block holds
-    /// more of them.
-    const BLOCK_SIZES: [usize; 2] = [4, 5];
+    /// How they keep their blocks: the first, every layer together, 4 tokens a block; the
+    /// second, its global layers 10 tokens a block and its layers with a window of 7 positions
+    /// 5 (fewer layers, so a block holds more of their tokens).
+    fn groups(model: usize) -> Vec<KvGroup> {
+        match model {
+            0 => vec![KvGroup::whole(4)],
+            _ => vec![
+                KvGroup::whole(10),
+                KvGroup {
+                    block_size: 5,
+                    window: Some(7),
+                },
+            ],
+        }
+    }
 
     proptest! {
         /// Whatever mix of finishing, cancelled, preempted and timed-out sequences of two models
-        /// drawing from one pool (each with its own tokens per block), the block accounting holds after every operation, no block
-        /// ever serves both models (their prompts share tokens, never blocks), every sequence
-        /// left is served or reported once nothing more arrives, and every block is back in the
-        /// pool at the end.
+        /// drawing from one pool (each with its own tokens per block, one with layers keeping
+        /// a sliding window apart), the block accounting holds after every operation, no block
+        /// ever serves both models (their prompts share tokens, never blocks), no sequence
+        /// holds blocks its window has left behind, every sequence left is served or reported
+        /// once nothing more arrives, and every block is back in the pool at the end.
         #[test]
         fn no_block_leaks(
             ops in prop::collection::vec(op(), 1..200),
@@ -1012,7 +1035,7 @@ mod tests {
                         let tokens = (0..prompt as u32)
                             .map(|t| if next % 2 == 0 && t < shared { t } else { t + 1000 * next as u32 })
                             .collect();
-                        let table = s.kv().table().for_model(MODEL_SALTS[model], BLOCK_SIZES[model]);
+                        let table = s.kv().table().for_model(MODEL_SALTS[model], &groups(model));
                         let seq = Sequence::new(RequestId(next), tokens, table, priority, next)
                             .of_model(model);
                         s.add(if prompt_logprobs { seq.with_prompt_logprobs() } else { seq });
@@ -1041,10 +1064,13 @@ mod tests {
                 }
                 let mut owner = std::collections::HashMap::new();
                 for q in s.running() {
-                    for b in q.blocks.blocks() {
-                        let first = *owner.entry(*b).or_insert(q.model);
+                    for b in q.blocks.held() {
+                        let first = *owner.entry(b).or_insert(q.model);
                         prop_assert_eq!(first, q.model, "{:?} serves both models", b);
                     }
+                    // What the next step (16 tokens at most) needs, and no block behind it.
+                    let (at, most) = (q.num_computed(), q.tokens().len().min(q.num_computed() + 16));
+                    prop_assert!(q.blocks.len() <= q.blocks.blocks_for(at, most.max(at + 1)));
                 }
             }
             // Nothing more arrives: every sequence is served (ending after two tokens) or

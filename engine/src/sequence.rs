@@ -65,9 +65,10 @@ impl Sequence {
         }
     }
 
-    /// Blocks that hold `tokens` tokens of this sequence.
-    pub fn blocks_for(&self, tokens: usize) -> usize {
-        tokens.div_ceil(self.blocks.block_size())
+    /// Blocks this sequence holds to compute its tokens up to `end`, from where it is (blocks a
+    /// sliding window has left behind by then are not counted).
+    pub fn blocks_for(&self, end: usize) -> usize {
+        self.blocks.blocks_for(self.num_computed, end)
     }
 
     /// The same sequence, run by the engine's model `model`.
@@ -167,14 +168,15 @@ impl Sequence {
         self.num_pending() == 1 && self.num_generated() > 0
     }
 
-    /// `n` more tokens are in the cache; the blocks they filled go to the prefix cache.
+    /// `n` more tokens are in the cache; the blocks they filled go to the prefix cache, and
+    /// those a sliding window has left behind are given back.
     pub(crate) fn advance(&mut self, n: usize) {
         self.num_computed += n;
         debug_assert!(self.num_computed <= self.tokens.len());
         if self.num_computed >= self.prompt_len {
             self.prompt_logprobs = false;
         }
-        self.blocks.register_full(&self.tokens, self.num_computed);
+        self.blocks.advance(&self.tokens, self.num_computed);
     }
 
     /// Appends generated tokens: the one sampled, and any the grammar forced after it.

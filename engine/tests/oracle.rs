@@ -87,7 +87,7 @@ fn ragged_batch_equals_sequences_alone() {
     for p in &prompts {
         let table = blocks(next_block, p.len());
         next_block += table.len() as u32;
-        batch.push(p, 0, table, Logits::Every);
+        batch.push(p, 0, vec![table], Logits::Every);
     }
     let together: Vec<Vec<f32>> = ours
         .model

@@ -268,7 +268,7 @@ impl Path {
     /// Logits at every position of `prompt`, run alone.
     fn all_logits(&mut self, prompt: &[u32]) -> Result<Vec<Vec<f32>>> {
         let mut batch = ForwardBatch::default();
-        batch.push(prompt, 0, blocks(0, prompt.len()), Logits::Every);
+        batch.push(prompt, 0, vec![blocks(0, prompt.len())], Logits::Every);
         self.forward(&batch)
     }
 
@@ -279,7 +279,7 @@ impl Path {
         for prompt in prompts {
             let table = blocks(next, prompt.len());
             next += table.len() as u32;
-            batch.push(prompt, 0, table, Logits::Every);
+            batch.push(prompt, 0, vec![table], Logits::Every);
         }
         self.forward(&batch)
     }
@@ -288,12 +288,12 @@ impl Path {
     fn decode_logits(&mut self, prompt: &[u32], tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         let table = blocks(0, prompt.len() + tokens.len());
         let mut batch = ForwardBatch::default();
-        batch.push(prompt, 0, table.clone(), Logits::Last);
+        batch.push(prompt, 0, vec![table.clone()], Logits::Last);
         self.forward(&batch)?;
         let mut rows = Vec::with_capacity(tokens.len());
         for (i, &token) in tokens.iter().enumerate() {
             let mut batch = ForwardBatch::default();
-            batch.push(&[token], prompt.len() + i, table.clone(), Logits::Last);
+            batch.push(&[token], prompt.len() + i, vec![table.clone()], Logits::Last);
             rows.extend(self.forward(&batch)?);
         }
         Ok(rows)
@@ -306,7 +306,7 @@ impl Path {
         let mut rows = Vec::with_capacity(prompts.len());
         for ((prompt, table), &token) in prompts.iter().zip(tables).zip(next) {
             let mut batch = ForwardBatch::default();
-            batch.push(&[token], prompt.len(), table, Logits::Last);
+            batch.push(&[token], prompt.len(), vec![table], Logits::Last);
             rows.extend(self.forward(&batch)?);
         }
         Ok(rows)
@@ -317,7 +317,7 @@ impl Path {
         let tables = self.prefill_apart(prompts)?;
         let mut batch = ForwardBatch::default();
         for ((prompt, table), &token) in prompts.iter().zip(tables).zip(next) {
-            batch.push(&[token], prompt.len(), table, Logits::Last);
+            batch.push(&[token], prompt.len(), vec![table], Logits::Last);
         }
         self.forward(&batch)
     }
@@ -331,7 +331,7 @@ impl Path {
             let table = blocks(next, prompt.len() + 1);
             next += table.len() as u32;
             let mut batch = ForwardBatch::default();
-            batch.push(prompt, 0, table.clone(), Logits::Last);
+            batch.push(prompt, 0, vec![table.clone()], Logits::Last);
             self.forward(&batch)?;
             tables.push(table);
         }
@@ -342,13 +342,13 @@ impl Path {
     fn greedy(&mut self, prompt: &[u32], n: usize) -> Result<Vec<u32>> {
         let table = blocks(0, prompt.len() + n);
         let mut batch = ForwardBatch::default();
-        batch.push(prompt, 0, table.clone(), Logits::Last);
+        batch.push(prompt, 0, vec![table.clone()], Logits::Last);
         let mut out = Vec::with_capacity(n);
         for i in 0..n {
             let token = argmax(&self.forward(&batch)?[0]);
             out.push(token);
             batch = ForwardBatch::default();
-            batch.push(&[token], prompt.len() + i, table.clone(), Logits::Last);
+            batch.push(&[token], prompt.len() + i, vec![table.clone()], Logits::Last);
         }
         Ok(out)
     }

@@ -25,6 +25,7 @@
 //! outlive a call.
 
 use std::cell::RefCell;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::rc::Rc;
 
 use super::block_pool::{BlockId, DevicePool};
@@ -194,14 +195,11 @@ impl KvManager {
 
     /// An empty table whose blocks come from this manager.
     pub fn table(&self) -> BlockTable {
+        let config = &self.state.borrow().config;
         BlockTable {
             kv: self.clone(),
-            blocks: Vec::new(),
-            keys: Vec::new(),
-            registered: 0,
+            groups: vec![GroupTable::new(KvGroup::whole(config.block_size), config.salt, 0)],
             tenant: None,
-            salt: self.state.borrow().config.salt,
-            block_size: self.block_size(),
         }
     }
 
@@ -323,23 +321,113 @@ impl KvManager {
     }
 }
 
-/// The device blocks of one sequence, in position order: token `p` lives in
-/// `blocks[p / block_size]`. Leading blocks may be shared with other sequences (prefix reuse).
+/// How one group of a model's layers keeps its keys and values: `block_size` tokens a block,
+/// and the sliding window its layers attend over (`None`: every position). Layers with a window
+/// keep blocks of their own, so that the blocks their window has left behind can go while the
+/// other layers still read theirs: the memory a sliding-window layer holds stays bounded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvGroup {
+    pub block_size: usize,
+    pub window: Option<usize>,
+}
+
+impl KvGroup {
+    /// Every position kept, in blocks of `block_size` tokens.
+    pub fn whole(block_size: usize) -> Self {
+        Self {
+            block_size,
+            window: None,
+        }
+    }
+
+    /// The first block that the token at `position`, and every one after it, still reads.
+    pub fn first_kept(&self, position: usize) -> usize {
+        self.window
+            .map_or(0, |w| (position + 1).saturating_sub(w) / self.block_size)
+    }
+
+    /// Blocks held to compute the tokens up to `end`, the next one at `position`.
+    pub fn blocks_for(&self, position: usize, end: usize) -> usize {
+        end.div_ceil(self.block_size)
+            .saturating_sub(self.first_kept(position))
+    }
+}
+
+/// Where a block the window left behind was: never read, never written.
+pub const GONE: BlockId = BlockId(u32::MAX);
+
+/// The blocks of one layer group of a sequence, in position order: token `p` lives in
+/// `blocks[p / block_size]`. The first `dropped` were given back ([`GONE`]).
+#[derive(Debug)]
+struct GroupTable {
+    shape: KvGroup,
+    /// What its block keys are salted with: the model's salt, and the group's index past the
+    /// first (a group's blocks hold other layers than another's).
+    salt: u64,
+    blocks: Vec<BlockId>,
+    dropped: usize,
+    /// Keys of the group's full blocks computed so far (they depend only on the sequence's
+    /// tokens, so they survive preemption).
+    keys: Vec<BlockKey>,
+    /// Leading blocks already offered to the prefix cache (or dropped).
+    registered: usize,
+}
+
+impl GroupTable {
+    fn new(shape: KvGroup, model_salt: u64, index: usize) -> Self {
+        let salt = match index {
+            0 => model_salt,
+            _ => {
+                let mut h = DefaultHasher::new();
+                (model_salt, index).hash(&mut h);
+                h.finish()
+            }
+        };
+        Self {
+            shape,
+            salt,
+            blocks: Vec::new(),
+            dropped: 0,
+            keys: Vec::new(),
+            registered: 0,
+        }
+    }
+
+    fn held(&self) -> &[BlockId] {
+        &self.blocks[self.dropped..]
+    }
+
+    fn clear(&mut self, s: &mut KvState) {
+        // Tail first, so that the tail is evicted before the prefix it extends.
+        for &b in self.held().iter().rev() {
+            s.device.release(b);
+        }
+        self.blocks.clear();
+        self.dropped = 0;
+        self.registered = 0;
+    }
+
+    /// Gives back the blocks that the token at `position` and those after it no longer read.
+    fn drop_behind(&mut self, s: &mut KvState, position: usize) {
+        let keep = self.shape.first_kept(position).min(self.blocks.len());
+        for b in &mut self.blocks[self.dropped..keep] {
+            s.device.release(*b);
+            *b = GONE;
+        }
+        self.dropped = self.dropped.max(keep);
+        self.registered = self.registered.max(keep);
+    }
+}
+
+/// The device blocks of one sequence: a table per layer group of its model (one, unless some of
+/// its layers attend over a sliding window). Leading blocks may be shared with other sequences
+/// (prefix reuse).
 #[derive(Debug)]
 pub struct BlockTable {
     kv: KvManager,
-    blocks: Vec<BlockId>,
-    /// Keys of the sequence's full blocks computed so far (they depend only on its tokens, so
-    /// they survive preemption).
-    keys: Vec<BlockKey>,
-    /// Leading blocks already offered to the prefix cache.
-    registered: usize,
+    groups: Vec<GroupTable>,
     /// Whose blocks the sequence may share; `None`: everyone's.
     tenant: Option<CacheSalt>,
-    /// The salt of the model the blocks are for (see [`super::prefix::model_salt`]).
-    salt: u64,
-    /// Tokens per block, as the model lays them out.
-    block_size: usize,
 }
 
 impl BlockTable {
@@ -349,139 +437,232 @@ impl BlockTable {
         self
     }
 
-    /// The same table, for the model whose salt is `salt` and whose blocks hold `block_size`
-    /// tokens: its blocks are never shared with another model's, whatever their tokens.
-    pub fn for_model(mut self, salt: u64, block_size: usize) -> Self {
-        self.salt = salt;
-        self.block_size = block_size;
+    /// The same table, for the model whose salt is `salt` and whose layer groups are `groups`:
+    /// its blocks are never shared with another model's, whatever their tokens.
+    pub fn for_model(mut self, salt: u64, groups: &[KvGroup]) -> Self {
+        self.groups = (groups.iter().enumerate())
+            .map(|(i, &shape)| GroupTable::new(shape, salt, i))
+            .collect();
         self
     }
 
-    /// Tokens per block: token `p` lives in `blocks()[p / block_size()]`.
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
-    fn salts(&self) -> Salts {
+    fn salts(&self, group: &GroupTable) -> Salts {
         Salts {
-            model: self.salt,
+            model: group.salt,
             tenant: self.tenant,
         }
     }
 
+    /// The first layer group's blocks ([`GONE`] where given back): the model's only group
+    /// unless some of its layers have a window.
     pub fn blocks(&self) -> &[BlockId] {
-        &self.blocks
+        &self.groups[0].blocks
     }
 
+    /// Every layer group's blocks, as the forward pass reads them.
+    pub fn tables(&self) -> Vec<Vec<BlockId>> {
+        self.groups.iter().map(|g| g.blocks.clone()).collect()
+    }
+
+    /// Every block held, of every group.
+    pub fn held(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.groups.iter().flat_map(|g| g.held().iter().copied())
+    }
+
+    /// Blocks held.
     pub fn len(&self) -> usize {
-        self.blocks.len()
+        self.groups.iter().map(|g| g.held().len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
+        self.len() == 0
     }
 
-    /// Grows the table to `n` blocks; all or nothing. Returns false when too few are available.
-    pub fn grow_to(&mut self, n: usize) -> bool {
-        if n <= self.blocks.len() {
+    /// Blocks the sequence holds to compute its tokens up to `end`, the next one at `position`.
+    pub fn blocks_for(&self, position: usize, end: usize) -> usize {
+        (self.groups.iter())
+            .map(|g| g.shape.blocks_for(position, end))
+            .sum()
+    }
+
+    /// Whether every group's blocks reach past the first `tokens` tokens.
+    pub fn covers(&self, tokens: usize) -> bool {
+        (self.groups.iter()).all(|g| g.blocks.len() * g.shape.block_size >= tokens)
+    }
+
+    /// Whether `swapped` holds this sequence's first `tokens` tokens.
+    pub fn covered_by(&self, swapped: &SwappedBlocks, tokens: usize) -> bool {
+        (self.groups.iter().zip(&swapped.groups))
+            .all(|(g, &(dropped, n))| (dropped + n) * g.shape.block_size >= tokens)
+    }
+
+    /// Grows every group's table to hold the tokens up to `end`; all or nothing. Returns false
+    /// when too few blocks are available.
+    pub fn grow_to(&mut self, end: usize) -> bool {
+        let want = |g: &GroupTable| end.div_ceil(g.shape.block_size).saturating_sub(g.blocks.len());
+        let n: usize = self.groups.iter().map(want).sum();
+        if n == 0 {
             return true;
         }
         let mut s = self.kv.state.borrow_mut();
-        match s.alloc_blocks(n - self.blocks.len()) {
-            Some(new) => {
-                self.blocks.extend(new);
-                true
-            }
-            None => false,
+        let Some(mut new) = s.alloc_blocks(n) else {
+            return false;
+        };
+        for g in &mut self.groups {
+            let k = want(g);
+            g.blocks.extend(new.drain(..k));
         }
+        true
     }
 
     /// Gives every block back (preemption by recompute, or the end of the sequence).
     pub fn clear(&mut self) {
         let mut s = self.kv.state.borrow_mut();
-        // Tail first, so that the tail is evicted before the prefix it extends.
-        for &b in self.blocks.iter().rev() {
-            s.device.release(b);
+        for g in &mut self.groups {
+            g.clear(&mut s);
         }
-        self.blocks.clear();
-        self.registered = 0;
     }
 
     /// For an empty table: reuses the cached blocks of the longest cached prefix of `tokens`,
     /// from the device or copied back from the host. Never all of `tokens`: the last token must
-    /// be computed for its logits.
+    /// be computed for its logits. The prefix ends on a block boundary of every group, and a
+    /// group with a window needs only the blocks its window still reads there.
     pub fn attach_prefix(&mut self, tokens: &[u32]) -> PrefixHit {
-        debug_assert!(self.blocks.is_empty());
-        let mut s = self.kv.state.borrow_mut();
-        let mut hit = PrefixHit::default();
+        debug_assert!(self.is_empty());
+        let kv = self.kv.clone();
+        let mut s = kv.state.borrow_mut();
         if !s.config.prefix_caching || tokens.is_empty() {
-            return hit;
+            return PrefixHit::default();
         }
-        let bs = self.block_size;
-        let usable = (tokens.len() - 1) / bs;
-        extend_keys(self.salts(), &tokens[..usable * bs], bs, &mut self.keys);
-        for key in &self.keys[..usable] {
-            if let Some((b, held)) = s.device.acquire_cached(key) {
-                s.counters.retained_hit_blocks += u64::from(held);
-                self.blocks.push(b);
-                hit.device_tokens += bs;
-                continue;
+        let step = (self.groups.iter()).fold(1, |l, g| lcm(l, g.shape.block_size));
+        let most = (tokens.len() - 1) / step * step;
+        // Per group, how many of its first `i` blocks are in neither tier.
+        let mut missing = Vec::with_capacity(self.groups.len());
+        for g in 0..self.groups.len() {
+            let salts = self.salts(&self.groups[g]);
+            let group = &mut self.groups[g];
+            let bs = group.shape.block_size;
+            extend_keys(salts, &tokens[..most], bs, &mut group.keys);
+            let mut before = vec![0; most / bs + 1];
+            for (i, key) in group.keys[..most / bs].iter().enumerate() {
+                let cached = s.device.contains(key) || s.host.contains(key);
+                before[i + 1] = before[i] + usize::from(!cached);
             }
-            let Some(slot) = s.host.lookup(key) else {
-                break;
-            };
-            // Locked first: making room on the device may save a block to the host, and that
-            // must not take this slot.
-            s.host.lock(slot);
-            let Some(b) = s.alloc_block() else {
-                s.host.unlock(slot);
-                break;
-            };
-            s.reading.push((slot, false));
-            s.pending.push(CopyOp::ToDevice { slot, block: b });
-            // Registered now: the copy lands before anyone reads it.
-            s.device.register(b, key);
-            self.blocks.push(b);
-            hit.host_tokens += bs;
+            missing.push(before);
         }
-        self.registered = self.blocks.len();
-        hit
+        let cached = |groups: &[GroupTable], missing: &[Vec<usize>], end: usize| {
+            groups.iter().zip(missing).all(|(g, before)| {
+                let first = g.shape.first_kept(end);
+                before[end / g.shape.block_size] == before[first.min(end / g.shape.block_size)]
+            })
+        };
+        let mut end = most;
+        while end > 0 {
+            if cached(&self.groups, &missing, end) {
+                if let Some(hit) = self.take_cached(&mut s, end) {
+                    return hit;
+                }
+            }
+            end -= step;
+        }
+        PrefixHit::default()
     }
 
-    /// Offers the blocks that `tokens[..computed]` fills to the prefix cache.
-    pub fn register_full(&mut self, tokens: &[u32], computed: usize) {
-        let mut s = self.kv.state.borrow_mut();
-        if !s.config.prefix_caching {
-            return;
-        }
-        let bs = self.block_size;
-        let full = (computed / bs).min(self.blocks.len());
-        if full <= self.registered {
-            return;
-        }
-        extend_keys(self.salts(), &tokens[..full * bs], bs, &mut self.keys);
-        for i in self.registered..full {
-            s.device.register(self.blocks[i], &self.keys[i]);
-        }
-        self.registered = full;
-    }
-
-    /// Keys of the full blocks among the first `tokens` tokens, for pinning.
-    pub fn prefix_keys(&self, tokens: usize) -> Vec<BlockKey> {
-        let n = (tokens / self.block_size).min(self.registered);
-        self.keys[..n].to_vec()
-    }
-
-    /// Copies every block to the host tier and frees them on the device. `None`, with nothing
-    /// changed, when the host tier has no room.
-    pub fn swap_out(&mut self) -> Option<SwappedBlocks> {
-        let slots = {
-            let mut s = self.kv.state.borrow_mut();
-            if s.host.num_available() < self.blocks.len() {
+    /// Takes the cached blocks each group keeps for a prefix of `end` tokens; `None`, with
+    /// nothing taken, when a block copied back from the host finds no room on the device.
+    fn take_cached(&mut self, s: &mut KvState, end: usize) -> Option<PrefixHit> {
+        let mut hit = PrefixHit::default();
+        let mut retained = 0;
+        for g in 0..self.groups.len() {
+            let group = &mut self.groups[g];
+            let (bs, first) = (group.shape.block_size, group.shape.first_kept(end));
+            group.blocks.resize(first, GONE);
+            group.dropped = first;
+            let mut complete = true;
+            for key in &group.keys[first..end / bs] {
+                if let Some((b, held)) = s.device.acquire_cached(key) {
+                    retained += u64::from(held);
+                    group.blocks.push(b);
+                    continue;
+                }
+                // Making room for one block may have evicted another of the prefix, to the
+                // host or for good.
+                let Some(slot) = s.host.lookup(key) else {
+                    complete = false;
+                    break;
+                };
+                // Locked first: making room on the device may save a block to the host, and
+                // that must not take this slot.
+                s.host.lock(slot);
+                let Some(b) = s.alloc_block() else {
+                    s.host.unlock(slot);
+                    complete = false;
+                    break;
+                };
+                s.reading.push((slot, false));
+                s.pending.push(CopyOp::ToDevice { slot, block: b });
+                // Registered now: the copy lands before anyone reads it.
+                s.device.register(b, key);
+                group.blocks.push(b);
+                // Counted as the first group found them.
+                if g == 0 {
+                    hit.host_tokens += bs;
+                }
+            }
+            group.registered = group.blocks.len();
+            if !complete {
+                for group in &mut self.groups[..=g] {
+                    group.clear(s);
+                }
                 return None;
             }
-            let mut slots = Vec::with_capacity(self.blocks.len());
-            for &block in &self.blocks {
+        }
+        s.counters.retained_hit_blocks += retained;
+        hit.device_tokens = end - hit.host_tokens;
+        Some(hit)
+    }
+
+    /// The first `computed` of `tokens` are in the cache: offers the blocks they fill to the
+    /// prefix cache, and gives back those the window has left behind.
+    pub fn advance(&mut self, tokens: &[u32], computed: usize) {
+        let mut s = self.kv.state.borrow_mut();
+        for g in 0..self.groups.len() {
+            let salts = self.salts(&self.groups[g]);
+            let group = &mut self.groups[g];
+            let bs = group.shape.block_size;
+            let full = (computed / bs).min(group.blocks.len());
+            if s.config.prefix_caching && full > group.registered {
+                extend_keys(salts, &tokens[..full * bs], bs, &mut group.keys);
+                for i in group.registered..full {
+                    s.device.register(group.blocks[i], &group.keys[i]);
+                }
+                group.registered = full;
+            }
+            group.drop_behind(&mut s, computed);
+        }
+    }
+
+    /// Keys of every group's full blocks among the first `tokens` tokens, for pinning.
+    pub fn prefix_keys(&self, tokens: usize) -> Vec<BlockKey> {
+        (self.groups.iter())
+            .flat_map(|g| {
+                let n = (tokens / g.shape.block_size).min(g.registered);
+                g.keys[..n.min(g.keys.len())].iter().cloned()
+            })
+            .collect()
+    }
+
+    /// Copies every block held to the host tier and frees them on the device. `None`, with
+    /// nothing changed, when the host tier has no room.
+    pub fn swap_out(&mut self) -> Option<SwappedBlocks> {
+        let held = self.len();
+        let slots = {
+            let mut s = self.kv.state.borrow_mut();
+            if s.host.num_available() < held {
+                return None;
+            }
+            let mut slots = Vec::with_capacity(held);
+            for block in self.held() {
                 let (slot, dropped) = s.host.alloc().expect("counted");
                 s.counters.host_evictions += u64::from(dropped.is_some());
                 s.host.insert_swapped(slot);
@@ -491,17 +672,21 @@ impl BlockTable {
             s.counters.swapped_out_blocks += slots.len() as u64;
             slots
         };
+        let groups = (self.groups.iter())
+            .map(|g| (g.dropped, g.held().len()))
+            .collect();
         self.clear();
         Some(SwappedBlocks {
             kv: self.kv.clone(),
             slots,
+            groups,
         })
     }
 
     /// Copies swapped-out blocks back into new device blocks, for an empty table. Gives the
     /// swapped blocks back when too few device blocks are available.
     pub fn swap_in(&mut self, mut swapped: SwappedBlocks) -> Result<(), SwappedBlocks> {
-        debug_assert!(self.blocks.is_empty());
+        debug_assert!(self.is_empty());
         let mut s = self.kv.state.borrow_mut();
         let Some(blocks) = s.alloc_blocks(swapped.slots.len()) else {
             drop(s);
@@ -514,9 +699,25 @@ impl BlockTable {
         }
         s.counters.swapped_in_blocks += blocks.len() as u64;
         swapped.slots.clear();
-        self.blocks = blocks;
+        let mut blocks = blocks.into_iter();
+        for (g, &(dropped, n)) in self.groups.iter_mut().zip(&swapped.groups) {
+            g.blocks = vec![GONE; dropped];
+            g.blocks.extend(blocks.by_ref().take(n));
+            g.dropped = dropped;
+            g.registered = dropped;
+        }
         Ok(())
     }
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    a / gcd(a, b) * b
 }
 
 impl Drop for BlockTable {
@@ -530,6 +731,8 @@ impl Drop for BlockTable {
 pub struct SwappedBlocks {
     kv: KvManager,
     slots: Vec<HostSlot>,
+    /// Per layer group: the blocks it had given back, and how many of the slots are its.
+    groups: Vec<(usize, usize)>,
 }
 
 impl SwappedBlocks {
@@ -573,8 +776,8 @@ mod tests {
     fn fill(kv: &KvManager, tokens: &[u32]) -> (BlockTable, PrefixHit) {
         let mut t = kv.table();
         let hit = t.attach_prefix(tokens);
-        assert!(t.grow_to(tokens.len().div_ceil(BS)));
-        t.register_full(tokens, tokens.len());
+        assert!(t.grow_to(tokens.len()));
+        t.advance(tokens, tokens.len());
         (t, hit)
     }
 
@@ -653,6 +856,57 @@ mod tests {
         kv.copies_done();
         assert_eq!(kv.gauges().host_swapped, 0);
         drop(t);
+        kv.check_invariants().unwrap();
+    }
+
+    /// A model whose windowed layers keep blocks of their own (5 tokens, a window of 7
+    /// positions) beside its global layers' (10 tokens): as the sequence advances, the
+    /// windowed blocks it left behind go back to the pool (cached), so it holds what the window
+    /// and the global layers read; another sequence with the same tokens finds the prefix
+    /// although the first of those blocks was evicted since; a swap keeps the tables' shape.
+    #[test]
+    fn a_window_gives_back_the_blocks_it_left() {
+        let kv = manager(8, 8);
+        let groups = [
+            KvGroup::whole(10),
+            KvGroup {
+                block_size: 5,
+                window: Some(7),
+            },
+        ];
+        let tokens: Vec<u32> = (0..31).collect();
+        let mut a = kv.table().for_model(7, &groups);
+        for end in [10, 20, 30] {
+            assert!(a.grow_to(end));
+            a.advance(&tokens, end);
+        }
+        // Token 30 reads positions 24..=30: windowed blocks 4 and 5, global blocks 0..3.
+        assert_eq!(a.tables()[1][..4], [GONE; 4]);
+        assert_eq!(a.len(), 3 + 2);
+        assert_eq!(a.blocks_for(30, 31), 4 + 3);
+        // Growing to 30 took the two free blocks and evicted the first windowed one.
+        assert_eq!(kv.gauges().device_cached, 3);
+        assert_eq!(kv.counters().device_evictions, 1);
+        kv.take_copies();
+        kv.copies_done();
+
+        let mut b = kv.table().for_model(7, &groups);
+        let hit = b.attach_prefix(&tokens);
+        assert_eq!(hit.tokens(), 30);
+        assert_eq!(b.tables(), a.tables());
+        drop(b);
+
+        let swapped = a.swap_out().unwrap();
+        assert_eq!(swapped.len(), 5);
+        kv.take_copies();
+        kv.copies_done();
+        assert!(a.swap_in(swapped).is_ok());
+        kv.take_copies();
+        kv.copies_done();
+        assert_eq!(a.tables()[1][..4], [GONE; 4]);
+        assert!(a.covers(30) && a.len() == 5);
+        drop(a);
+        assert_eq!(kv.gauges().device_used, 0);
         kv.check_invariants().unwrap();
     }
 
@@ -789,8 +1043,8 @@ mod tests {
                         let mut table = kv.table();
                         let hit = table.attach_prefix(&tokens);
                         prop_assert!(hit.tokens() < tokens.len());
-                        if table.grow_to(tokens.len().div_ceil(BS)) {
-                            table.register_full(&tokens, tokens.len());
+                        if table.grow_to(tokens.len()) {
+                            table.advance(&tokens, tokens.len());
                             next_id += 1;
                             let valid = hit.tokens() / BS;
                             seqs.push(Seq { id: next_id, tokens, table, swapped: None, valid });
@@ -828,8 +1082,8 @@ mod tests {
                         if s.swapped.is_none() && !s.table.is_empty() {
                             s.tokens.extend([next_token; BS]);
                             next_token += 1;
-                            if s.table.grow_to(s.tokens.len().div_ceil(BS)) {
-                                s.table.register_full(&s.tokens, s.tokens.len());
+                            if s.table.grow_to(s.tokens.len()) {
+                                s.table.advance(&s.tokens, s.tokens.len());
                                 // The old partial block is rewritten with its new tokens.
                                 s.valid = s.valid.min((s.tokens.len() - BS) / BS);
                             } else {

@@ -114,6 +114,8 @@ impl KvLayout {
 pub struct KvStorage {
     /// The layout of the model the storage is read for now (see [`KvStorage::select`]).
     layout: KvLayout,
+    /// Where each of that model's layers keeps its keys and values.
+    layers: Vec<LayerPlace>,
     num_blocks: usize,
     memory: Memory,
 }
@@ -157,6 +159,26 @@ struct Inbound {
     landed: Vec<bool>,
 }
 
+/// Where one layer keeps its keys and values: in its group's blocks (see
+/// [`KvStorage::select`]), laid out as `layout` says, the `index`-th of the group's layers.
+#[derive(Clone, Copy, Debug)]
+struct LayerPlace {
+    layout: KvLayout,
+    index: usize,
+    group: usize,
+}
+
+/// Every layer of `layout` in one group: the blocks hold them all.
+fn whole(layout: KvLayout) -> Vec<LayerPlace> {
+    (0..layout.num_layers)
+        .map(|index| LayerPlace {
+            layout,
+            index,
+            group: 0,
+        })
+        .collect()
+}
+
 /// One layer of the cache, as attention reads it.
 pub enum LayerKv<'a> {
     Arrays {
@@ -171,8 +193,8 @@ pub enum LayerKv<'a> {
 
 /// Where a batch's tokens go in the cache, in the form the storage writes them.
 pub enum Slots {
-    /// `(block, slot)` of each token.
-    Places(Vec<(BlockId, usize)>),
+    /// `(block, slot)` of each token, per layer group.
+    Places(Vec<Vec<(BlockId, usize)>>),
     /// Row of each (token, KV head) in a layer seen as `[blocks * kv_heads * block_size,
     /// head_dim]`, repeated across `head_dim` for a scatter: `[tokens * kv_heads, head_dim]` u32.
     Rows(Tensor),
@@ -198,8 +220,10 @@ impl KvStorage {
                 "models sharing a cache need f16 blocks".into(),
             ));
         }
+        let layout = first.in_slabs(slab);
         Ok(Self {
-            layout: first.in_slabs(slab),
+            layout,
+            layers: whole(layout),
             num_blocks,
             memory: Memory::Arrays {
                 arena: resident(num_blocks * slab),
@@ -208,32 +232,79 @@ impl KvStorage {
         })
     }
 
-    /// Reads and writes the blocks as `layout`'s model lays them out from now on: the model about
-    /// to run its forward. Fails for a model the storage was not made for.
-    pub fn select(&mut self, layout: KvLayout) -> Result<()> {
-        let fits = match &self.memory {
-            Memory::Arrays { slab, .. } => {
-                layout.dtype == KvDtype::F16 && layout.slab_elems() <= *slab
-            }
-            Memory::Tensors(_) => layout == self.layout,
-        };
+    /// Reads and writes the blocks as the model whose one-token block is `token` (its layout with
+    /// a block size of 1) lays them out from now on, the model about to run its forward, its
+    /// layers in `groups` (a block of a group holds only that group's layers; one group of every
+    /// layer keeps them all together). Returns how many tokens a block holds for each group
+    /// ([`KvStorage::block_sizes`]). Fails for a model the storage was not made for, or groups a
+    /// cache held as tensors cannot keep apart.
+    pub fn select(&mut self, token: KvLayout, groups: &[Vec<usize>]) -> Result<Vec<usize>> {
+        let sizes = self.block_sizes(&token, groups);
+        let layers = groups.iter().map(Vec::len).sum::<usize>();
+        let fits = layers == token.num_layers
+            && sizes.iter().all(|&n| n > 0)
+            && match &self.memory {
+                Memory::Arrays { .. } => token.dtype == KvDtype::F16,
+                Memory::Tensors(_) => {
+                    let layout = KvLayout::new(
+                        token.num_layers,
+                        self.layout.block_size,
+                        token.n_kv_heads,
+                        token.head_dim,
+                        token.dtype,
+                    );
+                    groups.len() == 1 && layout == self.layout
+                }
+            };
         if !fits {
             return Err(crate::EngineError::Model(format!(
-                "this KV cache was not made for a model with {layout:?}"
+                "this KV cache was not made for a model with {token:?} in {} layer groups",
+                groups.len()
             )));
         }
         if let Memory::Arrays { slab, .. } = self.memory {
-            self.layout = layout.in_slabs(slab);
+            let sized = |layers: usize, block_size: usize| {
+                let layout = KvLayout::new(
+                    layers,
+                    block_size,
+                    token.n_kv_heads,
+                    token.head_dim,
+                    token.dtype,
+                );
+                layout.in_slabs(slab)
+            };
+            self.layout = sized(token.num_layers, sizes[0]);
+            self.layers = whole(self.layout);
+            for (group, (layers, &size)) in groups.iter().zip(&sizes).enumerate() {
+                let layout = sized(layers.len(), size);
+                for (index, &layer) in layers.iter().enumerate() {
+                    self.layers[layer] = LayerPlace {
+                        layout,
+                        index,
+                        group,
+                    };
+                }
+            }
         }
-        Ok(())
+        Ok(sizes)
     }
 
-    /// Tokens a block holds for a model whose one-token block is `token` (its layout with a
-    /// block size of 1): as many as fit in a slab; on tensors, the one model's block size.
-    pub fn tokens_per_block(&self, token: &KvLayout) -> usize {
+    /// Tokens a block holds for each group of layers (see [`KvStorage::select`]) of the model
+    /// whose one-token block is `token`: in the arena, as many as fit in a slab for the group's
+    /// layers, each group's a divisor of the largest (so that a prefix can end on a block
+    /// boundary of every group); on tensors, the one model's block size. 0 where not one fits.
+    pub fn block_sizes(&self, token: &KvLayout, groups: &[Vec<usize>]) -> Vec<usize> {
         match &self.memory {
-            Memory::Arrays { slab, .. } => slab / token.slab_elems(),
-            Memory::Tensors(_) => self.layout.block_size,
+            Memory::Arrays { slab, .. } => {
+                let fit: Vec<usize> = (groups.iter())
+                    .map(|g| slab / (2 * g.len().max(1) * token.block_elems()))
+                    .collect();
+                let most = fit.iter().copied().max().unwrap_or(0);
+                (fit.iter())
+                    .map(|&f| (1..=f).rev().find(|d| most % d == 0).unwrap_or(0))
+                    .collect()
+            }
+            Memory::Tensors(_) => vec![self.layout.block_size; groups.len()],
         }
     }
 
@@ -253,6 +324,7 @@ impl KvStorage {
         };
         Ok(Self {
             layout,
+            layers: whole(layout),
             num_blocks,
             memory: Memory::Tensors(DeviceCache {
                 keys: alloc()?,
@@ -266,6 +338,12 @@ impl KvStorage {
 
     pub fn layout(&self) -> &KvLayout {
         &self.layout
+    }
+
+    /// How `layer`'s keys and values are laid out: its group's blocks, from where
+    /// [`KvStorage::layer`] starts.
+    pub fn layer_layout(&self, layer: usize) -> &KvLayout {
+        &self.layers[layer].layout
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -284,10 +362,13 @@ impl KvStorage {
     /// step's [`KvStorage::write`] to it, which lands what was on its way there).
     pub fn layer(&self, layer: usize) -> LayerKv<'_> {
         match &self.memory {
-            Memory::Arrays { arena, .. } => LayerKv::Arrays {
-                keys: &arena[self.layout.side_base(layer, 0)..],
-                values: &arena[self.layout.side_base(layer, 1)..],
-            },
+            Memory::Arrays { arena, .. } => {
+                let p = &self.layers[layer];
+                LayerKv::Arrays {
+                    keys: &arena[p.layout.side_base(p.index, 0)..],
+                    values: &arena[p.layout.side_base(p.index, 1)..],
+                }
+            }
             Memory::Tensors(cache) => LayerKv::Tensors {
                 keys: &cache.keys[layer],
                 values: &cache.values[layer],
@@ -295,10 +376,16 @@ impl KvStorage {
         }
     }
 
-    /// Prepares the writes of a batch whose token `i` goes to `places[i]`, once for every layer.
-    pub fn slots(&self, places: Vec<(BlockId, usize)>) -> Result<Slots> {
+    /// Prepares the writes of a batch whose token `i` goes to `places[g][i]` in the layers of
+    /// group `g`, once for every layer.
+    pub fn slots(&self, mut places: Vec<Vec<(BlockId, usize)>>) -> Result<Slots> {
         let Memory::Tensors(DeviceCache { keys, .. }) = &self.memory else {
             return Ok(Slots::Places(places));
+        };
+        let (Some(places), None) = (places.pop(), places.pop()) else {
+            return Err(crate::EngineError::Model(
+                "a cache held as tensors keeps one group of layers".into(),
+            ));
         };
         let l = &self.layout;
         let rows: Vec<u32> = places
@@ -320,12 +407,14 @@ impl KvStorage {
         let l = self.layout;
         match (&mut self.memory, slots) {
             (Memory::Arrays { arena, .. }, Slots::Places(places)) => {
+                let p = self.layers[layer];
                 let width = l.n_kv_heads * l.head_dim;
                 let k = k.flatten_all()?.to_vec1::<f32>()?;
                 let v = v.flatten_all()?.to_vec1::<f32>()?;
-                for (row, &place) in places.iter().enumerate() {
+                for (row, &place) in places[p.group].iter().enumerate() {
                     let span = row * width..(row + 1) * width;
-                    store_token(&l, arena, layer, place, (&k[span.clone()], &v[span]));
+                    let kv = (&k[span.clone()], &v[span]);
+                    store_token(&p.layout, arena, p.index, place, kv);
                 }
             }
             (Memory::Tensors(cache), Slots::Rows(rows)) => {
@@ -421,7 +510,7 @@ impl KvStorage {
         k: &[f32],
         v: &[f32],
     ) -> Result<()> {
-        let slots = self.slots(vec![(block, slot)])?;
+        let slots = self.slots(vec![vec![(block, slot)]])?;
         let device = self.device().cloned().unwrap_or(Device::Cpu);
         let row = |x: &[f32]| Tensor::from_slice(x, (1, x.len()), &device);
         self.write(layer, &slots, &row(k)?, &row(v)?)

@@ -68,21 +68,22 @@ pub fn paged_attention(
     let row = n_heads * hd;
     let scale = 1.0 / (hd as f32).sqrt();
     debug_assert_eq!(seqs.iter().map(|s| s.len).sum::<usize>() * row, q.len());
-    // Where each position's vector starts for KV head 0 (head g is `g * bs * hd` on), per
-    // sequence.
-    let at: Vec<Vec<usize>> = seqs
-        .iter()
-        .map(|seq| {
-            (0..seq.pos0 + seq.len)
-                .map(|j| layout.offset(seq.blocks[j / bs], 0, j % bs))
-                .collect()
-        })
-        .collect();
     // The first position token `t` of `seq` sees.
     let first = |seq: &SeqSlice, t: usize| match window {
         Some(w) => (seq.pos0 + t + 1).saturating_sub(w),
         None => 0,
     };
+    // Where each position's vector starts for KV head 0 (head g is `g * bs * hd` on), per
+    // sequence, from the first position its first token sees (the blocks before it may have
+    // been given back).
+    let at: Vec<Vec<usize>> = seqs
+        .iter()
+        .map(|seq| {
+            (first(seq, 0)..seq.pos0 + seq.len)
+                .map(|j| layout.offset(seq.blocks[j / bs], 0, j % bs))
+                .collect()
+        })
+        .collect();
     // (sequence, first token, end) of every tile, and its rows of `out`.
     let tiles: Vec<(usize, usize, usize)> = seqs
         .iter()
@@ -110,12 +111,12 @@ pub fn paged_attention(
         .for_each(|(out, &(s, t0, t1))| {
             let seq = &seqs[s];
             let q = &q[(seq.start + t0) * row..(seq.start + t1) * row];
-            let lo = first(seq, t0);
+            let (lo, base) = (first(seq, t0), first(seq, 0));
             for g in 0..layout.n_kv_heads {
                 let head = KvHead {
                     keys,
                     values,
-                    at: &at[s][lo..seq.pos0 + t1],
+                    at: &at[s][lo - base..seq.pos0 + t1 - base],
                     shift: g * bs * hd,
                     hd,
                 };

@@ -24,7 +24,7 @@ use super::gguf::Gguf;
 use super::linear::Linear;
 use super::paged_kernel::kernel_fits;
 use super::ForwardBatch;
-use crate::kv_cache::{KvDtype, KvLayout, KvStorage, LayerKv, Slots};
+use crate::kv_cache::{KvDtype, KvGroup, KvLayout, KvStorage, LayerKv, Slots};
 use crate::{EngineError, Result};
 
 /// Which kernels run the model, and where its weights and KV cache live.
@@ -509,6 +509,39 @@ impl Llama {
         self.config.kv_layout(block_size, dtype)
     }
 
+    /// The groups of layers whose blocks the cache keeps apart: in the arena the CPU kernels
+    /// read, the layers attending over a sliding window (by window) apart from the others, so
+    /// that the blocks a window has left behind can go; every layer in one group on a device.
+    pub fn layer_groups(&self) -> Vec<Vec<usize>> {
+        let c = &self.config;
+        let all = (0..c.num_layers).collect();
+        if !matches!(self.embed, Proj::Kernels(_)) {
+            return vec![all];
+        }
+        let mut windows: Vec<Option<usize>> = (0..c.num_layers).map(|l| c.window(l)).collect();
+        windows.sort();
+        windows.dedup();
+        (windows.into_iter())
+            .map(|w| (0..c.num_layers).filter(|&l| c.window(l) == w).collect())
+            .collect()
+    }
+
+    /// The window of each of [`Llama::layer_groups`]' groups, and how many tokens a block of
+    /// `kv` holds for it.
+    pub fn kv_groups(&self, kv: &KvStorage) -> Vec<KvGroup> {
+        let groups = self.layer_groups();
+        let sizes = kv.block_sizes(&self.kv_layout(1), &groups);
+        (groups.iter().zip(sizes))
+            .map(|(layers, block_size)| KvGroup {
+                block_size,
+                window: match groups.len() {
+                    1 => None,
+                    _ => self.config.window(layers[0]),
+                },
+            })
+            .collect()
+    }
+
     /// A KV cache of `num_blocks` blocks of `block_size` tokens, where this model's forward reads
     /// it: arrays in RAM for the CPU kernels, tensors on the device otherwise.
     pub fn kv_storage(&self, block_size: usize, num_blocks: usize) -> Result<KvStorage> {
@@ -528,14 +561,32 @@ impl Llama {
                 "token id {tok} out of range"
             )));
         }
-        let block_size = kv.tokens_per_block(&self.kv_layout(1));
-        kv.select(self.kv_layout(block_size))?;
-        let places = batch
-            .seqs
-            .iter()
-            .flat_map(|seq| {
-                (seq.pos0..seq.pos0 + seq.len)
-                    .map(|pos| (seq.blocks[pos / block_size], pos % block_size))
+        // One table a sequence: every layer in one group.
+        let groups = match batch.seqs.len() {
+            0 | 1 => vec![(0..c.num_layers).collect()],
+            _ => self.layer_groups(),
+        };
+        if batch.seqs.len() > 1 && batch.seqs.len() != groups.len() {
+            return Err(EngineError::Model(format!(
+                "{} block tables a sequence for {} layer groups",
+                batch.seqs.len(),
+                groups.len()
+            )));
+        }
+        let sizes = kv.select(self.kv_layout(1), &groups)?;
+        let mut group_of = vec![0; c.num_layers];
+        for (g, layers) in groups.iter().enumerate() {
+            for &layer in layers {
+                group_of[layer] = g;
+            }
+        }
+        let places = (batch.seqs.iter().zip(&sizes))
+            .map(|(seqs, &bs)| {
+                (seqs.iter())
+                    .flat_map(|seq| {
+                        (seq.pos0..seq.pos0 + seq.len).map(move |p| (seq.blocks[p / bs], p % bs))
+                    })
+                    .collect()
             })
             .collect();
         let slots = kv.slots(places)?;
@@ -560,7 +611,8 @@ impl Llama {
                 (Some(local), Some(_)) => local,
                 _ => &global,
             };
-            x = self.layer_forward(layer, i, &x, (cos, sin), (&batch.seqs, &slots), kv)?;
+            let seqs = batch.seqs.get(group_of[i]).map_or(&[][..], Vec::as_slice);
+            x = self.layer_forward(layer, i, &x, (cos, sin), (seqs, &slots), kv)?;
         }
         if batch.logits_rows.is_empty() {
             // Prefill chunks short of their prompts' ends: no row to run the head on. (On the
@@ -606,7 +658,7 @@ impl Llama {
             LayerKv::Arrays { keys, values } => {
                 let q = q.flatten_all()?.to_vec1::<f32>()?;
                 let mut attn = vec![0f32; t * q_width];
-                let cache = (keys, values, kv.layout());
+                let cache = (keys, values, kv.layer_layout(index));
                 paged_attention(&q, cache, seqs, c.n_heads, c.window(index), &mut attn);
                 Tensor::from_vec(attn, (t, q_width), &self.device)?
             }

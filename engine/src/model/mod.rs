@@ -51,25 +51,32 @@ impl Logits {
 pub struct ForwardBatch {
     pub tokens: Vec<u32>,
     pub positions: Vec<u32>,
-    pub seqs: Vec<SeqSlice>,
+    /// The sequences, once per layer group of the cache, with that group's blocks:
+    /// `seqs[group][sequence]`.
+    pub seqs: Vec<Vec<SeqSlice>>,
     /// Rows (indices into `tokens`) whose logits are wanted, in output order.
     pub logits_rows: Vec<u32>,
 }
 
 impl ForwardBatch {
-    /// Appends a sequence's next `tokens`, the first at position `pos0`; `blocks` must cover
-    /// every position up to `pos0 + tokens.len()`. `logits` says which of its rows come back.
-    pub fn push(&mut self, tokens: &[u32], pos0: usize, blocks: Vec<BlockId>, logits: Logits) {
+    /// Appends a sequence's next `tokens`, the first at position `pos0`. `tables` are its
+    /// blocks, a table for each layer group the cache keeps apart (one for all layers keeps
+    /// them together; every sequence of a batch has as many), each covering every position up
+    /// to `pos0 + tokens.len()`. `logits` says which of its rows come back.
+    pub fn push(&mut self, tokens: &[u32], pos0: usize, tables: Vec<Vec<BlockId>>, logits: Logits) {
         let start = self.tokens.len();
         self.tokens.extend_from_slice(tokens);
         self.positions
             .extend((pos0..pos0 + tokens.len()).map(|p| p as u32));
-        self.seqs.push(SeqSlice {
-            start,
-            len: tokens.len(),
-            pos0,
-            blocks,
-        });
+        self.seqs.resize(tables.len().max(self.seqs.len()), Vec::new());
+        for (seqs, blocks) in self.seqs.iter_mut().zip(tables) {
+            seqs.push(SeqSlice {
+                start,
+                len: tokens.len(),
+                pos0,
+                blocks,
+            });
+        }
         let end = start + tokens.len();
         let rows = end - logits.rows(tokens.len())..end;
         self.logits_rows.extend(rows.map(|r| r as u32));

@@ -121,7 +121,7 @@ impl Ours {
         batch.push(
             tokens,
             0,
-            blocks(first_block, tokens.len() + 40),
+            vec![blocks(first_block, tokens.len() + 40)],
             Logits::Every,
         );
         self.model
@@ -134,7 +134,7 @@ impl Ours {
     pub fn greedy(&mut self, prompt: &[u32], n: usize, first_block: u32) -> Vec<u32> {
         let table = blocks(first_block, prompt.len() + n);
         let mut batch = ForwardBatch::default();
-        batch.push(prompt, 0, table.clone(), Logits::Last);
+        batch.push(prompt, 0, vec![table.clone()], Logits::Last);
         let mut logits: Vec<Vec<f32>> = self
             .model
             .forward(&batch, &mut self.kv)
@@ -146,7 +146,7 @@ impl Ours {
             let tok = argmax(&logits[0]);
             out.push(tok);
             let mut batch = ForwardBatch::default();
-            batch.push(&[tok], prompt.len() + i, table.clone(), Logits::Last);
+            batch.push(&[tok], prompt.len() + i, vec![table.clone()], Logits::Last);
             logits = self
                 .model
                 .forward(&batch, &mut self.kv)

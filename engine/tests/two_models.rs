@@ -5,8 +5,9 @@ mod common;
 
 use std::sync::atomic::Ordering;
 
-use common::reference::{gemma3_path, model_path};
+use common::reference::{gemma3_path, model_path, Ours};
 use common::{assert_pool_whole, collect, request, serial, Outcome};
+use engine::model::Backend;
 use engine::{
     ChatMessage, EngineConfig, EngineHandle, FinishReason, GenerateRequest, SamplingParams,
 };
@@ -23,6 +24,16 @@ fn engine(config: EngineConfig) -> EngineHandle {
     .expect("the two-model engine starts")
 }
 
+/// What every question starts with: long enough (over 120 tokens) for Gemma 3's prompts to
+/// reach past a block of its global layers, the unit its prefix hits come in.
+const BRIEF: &str = "You are a careful assistant who writes for curious readers of every age. \
+    Keep each answer short, accurate and friendly, in plain words that a child could follow, \
+    and never invent a figure you are not sure of. When a question names a subject, say one \
+    thing about it that most people do not know, then stop. Do not greet the reader, do not \
+    repeat the question, do not add a summary, and do not apologise. If the subject is a living \
+    thing, prefer a fact about how it lives; if it is a place or a thing, prefer a fact about \
+    how it formed or how it works; if it is a game or a craft, prefer a fact about its history.";
+
 /// Request `i` of sixteen for `model`: a chat question of its own, greedy or seeded sampling.
 fn mixed_request(engine: &EngineHandle, model: &str, i: usize) -> GenerateRequest {
     let info = engine.models().iter().find(|m| m.id == model).unwrap();
@@ -30,7 +41,7 @@ fn mixed_request(engine: &EngineHandle, model: &str, i: usize) -> GenerateReques
         "rivers", "bread", "comets", "violins", "glaciers", "bees", "chess", "tides",
     ];
     let question = format!(
-        "Tell me one fact about {} (number {i}).",
+        "{BRIEF} Tell me one fact about {} (number {i}).",
         topics[i % topics.len()]
     );
     let prompt = info
@@ -174,7 +185,7 @@ fn each_model_knows_the_capital_of_france() {
 
 /// The pool is one: a model takes blocks the other left cached (most of the pool), and the same
 /// tokens under the two models never share a block. A block is the memory of SmolLM2's 16
-/// tokens, which holds 20 of Gemma 3's (its keys and values take 288 KiB of the 360).
+/// tokens, which holds 120 tokens of Gemma 3's 3 global layers, or 24 of its 15 windowed ones.
 #[test]
 fn kv_memory_moves_to_the_model_with_the_load() {
     let _serial = serial();
@@ -187,7 +198,10 @@ fn kv_memory_moves_to_the_model_with_the_load() {
     let capacity: Vec<usize> = (engine.models().iter())
         .map(|m| m.kv_capacity_tokens)
         .collect();
-    assert_eq!(capacity, [BLOCKS * 16, BLOCKS * 20]);
+    // Gemma's windowed layers hold the blocks of their window and of one step's chunk (256
+    // tokens), 24 tokens a block, its global layers 120 tokens a block: 33 blocks for the
+    // first, 15 for 1800 tokens.
+    assert_eq!(capacity, [BLOCKS * 16, 1800]);
     // Token ids both vocabularies hold: 40 of SmolLM2's blocks, 32 of Gemma's.
     let prompt: Vec<u32> = (0..640).map(|t| 1000 + (t * 7) % 3000).collect();
     let run = |model: &str| {
@@ -217,5 +231,46 @@ fn kv_memory_moves_to_the_model_with_the_load() {
     let again = run(GEMMA3);
     assert_eq!(again.tokens, second.tokens);
     assert!(again.cached_tokens >= 600, "{}", again.cached_tokens);
+    assert_pool_whole(&engine);
+}
+
+/// Gemma 3's sliding-window layers keep blocks of their own (24 tokens of their 15 layers in a
+/// block, beside 120 tokens of the 3 global layers) and give back those their window of 512
+/// positions has left: a prompt of 990 tokens and 24 more decoded run in a pool of 44 blocks,
+/// where keeping every block would take 52, and give exactly the tokens of a forward that keeps
+/// every position. The same prompt again finds its prefix, although the windowed blocks of its
+/// start were given back (and may since be evicted): a hit needs only what the window reads.
+#[test]
+fn windowed_layers_hold_only_their_window() {
+    let _serial = serial();
+    let engine = engine(EngineConfig {
+        device_kv_blocks: Some(44),
+        host_kv_cache_mb: 0,
+        ..EngineConfig::default()
+    });
+    let prompt: Vec<u32> = (0..990).map(|t| 1000 + (t * 7) % 3000).collect();
+    assert!((prompt.len() + 24).div_ceil(20) > 44, "would fit whole");
+    let mut reference = Ours::load(&gemma3_path(), Backend::Kernels);
+    let expected = reference.greedy(&prompt, 24, 0);
+    let run = || {
+        collect(
+            engine
+                .submit(GenerateRequest {
+                    model: Some(GEMMA3.into()),
+                    ignore_eos: true,
+                    ..request(&prompt, SamplingParams::greedy(), 24)
+                })
+                .unwrap(),
+        )
+    };
+    let first = run();
+    assert_eq!(first.reason, FinishReason::Length, "{:?}", first.error);
+    assert_eq!(first.tokens, expected);
+    let again = run();
+    assert_eq!(again.tokens, expected);
+    assert_eq!(
+        again.cached_tokens, 960,
+        "a prefix ends on a global block's boundary"
+    );
     assert_pool_whole(&engine);
 }

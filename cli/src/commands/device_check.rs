@@ -293,7 +293,12 @@ impl Path {
         let mut rows = Vec::with_capacity(tokens.len());
         for (i, &token) in tokens.iter().enumerate() {
             let mut batch = ForwardBatch::default();
-            batch.push(&[token], prompt.len() + i, vec![table.clone()], Logits::Last);
+            batch.push(
+                &[token],
+                prompt.len() + i,
+                vec![table.clone()],
+                Logits::Last,
+            );
             rows.extend(self.forward(&batch)?);
         }
         Ok(rows)
@@ -348,7 +353,12 @@ impl Path {
             let token = argmax(&self.forward(&batch)?[0]);
             out.push(token);
             batch = ForwardBatch::default();
-            batch.push(&[token], prompt.len() + i, vec![table.clone()], Logits::Last);
+            batch.push(
+                &[token],
+                prompt.len() + i,
+                vec![table.clone()],
+                Logits::Last,
+            );
         }
         Ok(out)
     }

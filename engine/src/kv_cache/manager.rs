@@ -198,7 +198,11 @@ impl KvManager {
         let config = &self.state.borrow().config;
         BlockTable {
             kv: self.clone(),
-            groups: vec![GroupTable::new(KvGroup::whole(config.block_size), config.salt, 0)],
+            groups: vec![GroupTable::new(
+                KvGroup::whole(config.block_size),
+                config.salt,
+                0,
+            )],
             tenant: None,
         }
     }
@@ -499,7 +503,10 @@ impl BlockTable {
     /// Grows every group's table to hold the tokens up to `end`; all or nothing. Returns false
     /// when too few blocks are available.
     pub fn grow_to(&mut self, end: usize) -> bool {
-        let want = |g: &GroupTable| end.div_ceil(g.shape.block_size).saturating_sub(g.blocks.len());
+        let want = |g: &GroupTable| {
+            end.div_ceil(g.shape.block_size)
+                .saturating_sub(g.blocks.len())
+        };
         let n: usize = self.groups.iter().map(want).sum();
         if n == 0 {
             return true;

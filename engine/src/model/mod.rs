@@ -68,7 +68,8 @@ impl ForwardBatch {
         self.tokens.extend_from_slice(tokens);
         self.positions
             .extend((pos0..pos0 + tokens.len()).map(|p| p as u32));
-        self.seqs.resize(tables.len().max(self.seqs.len()), Vec::new());
+        self.seqs
+            .resize(tables.len().max(self.seqs.len()), Vec::new());
         for (seqs, blocks) in self.seqs.iter_mut().zip(tables) {
             seqs.push(SeqSlice {
                 start,

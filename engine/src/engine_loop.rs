@@ -39,7 +39,7 @@ use tokio::sync::mpsc::Sender;
 
 use crate::constraint::Constraint;
 use crate::kv_cache::{
-    BlockKey, HostStore, KvConfig, KvCounters, KvGauges, KvGroup, KvManager, KvStorage,
+    BlockKey, HostStore, KvConfig, KvCounters, KvGauges, KvManager, KvShape, KvStorage,
 };
 use crate::model::{ForwardBatch, Llama, Logits};
 use crate::request::{
@@ -135,6 +135,9 @@ pub struct KvSnapshot {
     pub swaps_out: u64,
     /// Preemptions that dropped a sequence's cache, to recompute it.
     pub recomputes: u64,
+    /// Sequences that grew past their model's window with every layer together, their cache
+    /// computed again with the windowed layers apart.
+    pub relayouts: u64,
 }
 
 /// What the engine holds in its device's memory (RAM for the CPU), in bytes.
@@ -258,9 +261,9 @@ pub(crate) struct Lane {
     pub eos: Vec<u32>,
     /// Mixed into its blocks' hashes (see [`crate::kv_cache::prefix::model_salt`]).
     pub salt: u64,
-    /// How its layers keep their blocks: tokens a block (as many as their keys and values fit
-    /// in one of the pool's blocks), and the window of the layers with one.
-    pub groups: Vec<KvGroup>,
+    /// How it keeps its blocks: tokens a block (as many as its keys and values fit in one of
+    /// the pool's blocks), its layers with a window apart for longer sequences.
+    pub shape: KvShape,
 }
 
 /// Everything the engine loop is built from.
@@ -572,8 +575,9 @@ impl EngineLoop {
         let expected = request
             .expected_output_tokens
             .map_or(0, |t| t.min(request.max_tokens));
+        let lane = &self.lanes[model];
         let table = (self.scheduler.kv().table())
-            .for_model(self.lanes[model].salt, &self.lanes[model].groups)
+            .for_model(lane.salt, &lane.shape, prompt.len() + forced.len())
             .salted(request.cache_salt);
         let mut seq = Sequence::new(id, prompt, table, request.priority, arrival)
             .of_model(model)
@@ -614,7 +618,9 @@ impl EngineLoop {
     }
 
     /// Runs a step: each model's forward over its items of the plan (one after the other, on
-    /// the one cache), then the sampling of every item that samples.
+    /// the one cache; a model's sequences keeping their layers together and those keeping
+    /// windowed layers apart in forwards of their own), then the sampling of every item that
+    /// samples.
     fn step(&mut self, plan: &StepPlan) {
         // On a device, rows that would only be argmaxed are argmaxed there: the token ids come
         // back instead of vocabulary-wide rows.
@@ -622,23 +628,26 @@ impl EngineLoop {
         let started = Instant::now();
         let mut outputs = Vec::with_capacity(self.lanes.len());
         for (m, lane) in self.lanes.iter().enumerate() {
-            let items: Vec<&PlanItem> = plan.items.iter().filter(|i| i.model == m).collect();
-            if items.is_empty() {
-                continue;
+            let mine = plan.items.iter().filter(|i| i.model == m);
+            let (whole, split): (Vec<&PlanItem>, _) = mine.partition(|i| i.blocks.len() == 1);
+            for items in [whole, split] {
+                if items.is_empty() {
+                    continue;
+                }
+                let mut batch = ForwardBatch::default();
+                for item in &items {
+                    let logits = logits_of(item);
+                    batch.push(&item.tokens, item.pos0, item.blocks.clone(), logits);
+                }
+                let greedy = on_device && plain_greedy(&self.outputs, &items);
+                let output = lane.model.forward(&batch, &mut self.storage).and_then(|l| {
+                    Ok(match greedy {
+                        true => StepOutput::Tokens(l.argmax(D::Minus1)?.to_vec1::<u32>()?),
+                        false => StepOutput::Rows(l.to_vec2::<f32>()?),
+                    })
+                });
+                outputs.push((items, output));
             }
-            let mut batch = ForwardBatch::default();
-            for item in &items {
-                let logits = logits_of(item);
-                batch.push(&item.tokens, item.pos0, item.blocks.clone(), logits);
-            }
-            let greedy = on_device && plain_greedy(&self.outputs, &items);
-            let output = lane.model.forward(&batch, &mut self.storage).and_then(|l| {
-                Ok(match greedy {
-                    true => StepOutput::Tokens(l.argmax(D::Minus1)?.to_vec1::<u32>()?),
-                    false => StepOutput::Rows(l.to_vec2::<f32>()?),
-                })
-            });
-            outputs.push((items, output));
         }
         let elapsed = started.elapsed().as_nanos() as u64;
         let mut ran = Vec::with_capacity(outputs.len());
@@ -1045,6 +1054,7 @@ impl EngineLoop {
             counters: kv.counters(),
             swaps_out: sched.swaps_out,
             recomputes: sched.recomputes,
+            relayouts: sched.relayouts,
         };
     }
 }

@@ -62,7 +62,7 @@ pub use request::{
 };
 
 use engine_loop::{Command, EngineLoop, Lane, LoopSetup, QueueSlot, Submission};
-use kv_cache::{HostStore, KvConfig, KvGroup, KvStorage};
+use kv_cache::{HostStore, KvConfig, KvGroup, KvShape, KvStorage};
 use model::{Backend, Gguf, Llama, LlamaConfig};
 use scheduler::SchedulerConfig;
 
@@ -434,13 +434,13 @@ impl EngineHandle {
         let host = HostStore::for_storage(&storage, host_slots);
         // The largest model's blocks hold `--block-size` tokens, a smaller model's as many as
         // fit in the same memory; layers with a sliding window keep blocks of their own.
-        let groups: Vec<Vec<KvGroup>> = models.iter().map(|m| m.kv_groups(&storage)).collect();
+        let shapes: Vec<KvShape> = models.iter().map(|m| m.kv_shape(&storage)).collect();
         let infos = ggufs
             .iter()
             .zip(&paths)
-            .zip(&groups)
-            .map(|((g, p), groups)| {
-                let capacity = pool_tokens(groups, num_blocks, config.max_step_tokens);
+            .zip(&shapes)
+            .map(|((g, p), shape)| {
+                let capacity = pool_tokens(shape.longest(), num_blocks, config.max_step_tokens);
                 ModelInfo::from_gguf(g, p, Some(capacity))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -465,18 +465,18 @@ impl EngineHandle {
         let lanes: Vec<Lane> = models
             .into_iter()
             .zip(&infos)
-            .zip(groups)
-            .map(|((model, info), groups)| Lane {
+            .zip(shapes)
+            .map(|((model, info), shape)| Lane {
                 model,
                 tokenizer: info.tokenizer.clone(),
                 eos: info.eos.clone(),
                 salt: kv_cache::prefix::model_salt(&info.id),
-                groups,
+                shape,
             })
             .collect();
         let kv = KvConfig {
             num_blocks,
-            block_size: lanes[0].groups[0].block_size,
+            block_size: lanes[0].shape.whole.block_size,
             host_slots,
             prefix_caching: config.prefix_cache,
             salt: lanes[0].salt,

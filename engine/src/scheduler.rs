@@ -97,6 +97,9 @@ pub struct SchedulerStats {
     pub swaps_out: u64,
     /// Preemptions that dropped the cache, to recompute it.
     pub recomputes: u64,
+    /// Sequences that grew past their model's window with every layer together, their cache
+    /// computed again with the windowed layers apart.
+    pub relayouts: u64,
 }
 
 /// The prefill tokens each model may still take in the step being planned, by model index
@@ -215,6 +218,14 @@ impl Scheduler {
 
     pub fn schedule(&mut self) -> StepPlan {
         let mut plan = StepPlan::default();
+        // A sequence grown past its model's window with every layer together starts again
+        // with its windowed layers apart, its cache computed again (once).
+        for seq in &mut self.running {
+            if seq.blocks.outgrew_window(seq.num_computed()) {
+                seq.evict();
+                self.stats.relayouts += 1;
+            }
+        }
         loop {
             let mut budget = self.config.max_step_tokens;
             let preemptions = self.stats.preemptions;
@@ -593,7 +604,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    use crate::kv_cache::{KvConfig, KvGroup};
+    use crate::kv_cache::{KvConfig, KvGroup, KvShape};
 
     fn scheduler_with(
         blocks: usize,
@@ -644,6 +655,35 @@ mod tests {
             s.append(item.id, &[1]);
         }
         plan
+    }
+
+    /// A sequence of a model with a window keeps its layers together while it fits in the
+    /// window, and once it grows past it starts again with the windowed layers apart: its
+    /// cache computed again from its tokens (prompt and generated), after which the blocks the
+    /// window leaves go back to the pool as it goes on.
+    #[test]
+    fn a_sequence_past_its_window_keeps_its_windowed_layers_apart() {
+        let mut s = scheduler(32, 16);
+        let tokens: Vec<u32> = (0..6).collect();
+        let table = s.kv().table().for_model(9, &shape(1), tokens.len());
+        s.add(Sequence::new(RequestId(1), tokens, table, 0, 1).of_model(1));
+        let mut recomputed = 0;
+        while s.get(RequestId(1)).unwrap().num_computed() < 30 {
+            let plan = step(&mut s);
+            recomputed += plan
+                .items
+                .iter()
+                .filter(|i| i.pos0 == 0 && i.tokens.len() > 6)
+                .count();
+            s.check_invariants().unwrap();
+        }
+        let q = s.get(RequestId(1)).unwrap();
+        assert_eq!(s.stats().relayouts, 1);
+        assert_eq!(recomputed, 1, "the cache computed again in one chunk");
+        assert_eq!(q.blocks.tables().len(), 2);
+        // 30 tokens in: 3 global blocks, and of the windowed ones only those the window reads.
+        assert_eq!(q.num_computed(), 30);
+        assert_eq!(q.blocks.len(), 3 + 2);
     }
 
     /// One model's long prompt does not hold back another model's short one that arrived
@@ -992,18 +1032,22 @@ mod tests {
     /// The salts of the two models of [`no_block_leaks`]; the first is the pool's own.
     const MODEL_SALTS: [u64; 2] = [0, 0x6E6D];
     /// How they keep their blocks: the first, every layer together, 4 tokens a block; the
-    /// second, its global layers 10 tokens a block and its layers with a window of 7 positions
-    /// 5 (fewer layers, so a block holds more of their tokens).
-    fn groups(model: usize) -> Vec<KvGroup> {
+    /// second, every layer together 3 tokens a block while a sequence fits in its window of 7
+    /// positions, then its global layers 10 tokens a block and its windowed layers 5 (fewer
+    /// layers, so a block holds more of their tokens).
+    fn shape(model: usize) -> KvShape {
         match model {
-            0 => vec![KvGroup::whole(4)],
-            _ => vec![
-                KvGroup::whole(10),
-                KvGroup {
-                    block_size: 5,
-                    window: Some(7),
-                },
-            ],
+            0 => KvShape::whole(4),
+            _ => KvShape {
+                whole: KvGroup::whole(3),
+                split: vec![
+                    KvGroup::whole(10),
+                    KvGroup {
+                        block_size: 5,
+                        window: Some(7),
+                    },
+                ],
+            },
         }
     }
 
@@ -1032,10 +1076,10 @@ mod tests {
                         let prompt = prompt.min(blocks * 4 - 1);
                         next += 1;
                         // Half the prompts share a prefix, for the prefix cache to find.
-                        let tokens = (0..prompt as u32)
+                        let tokens: Vec<u32> = (0..prompt as u32)
                             .map(|t| if next % 2 == 0 && t < shared { t } else { t + 1000 * next as u32 })
                             .collect();
-                        let table = s.kv().table().for_model(MODEL_SALTS[model], &groups(model));
+                        let table = s.kv().table().for_model(MODEL_SALTS[model], &shape(model), tokens.len());
                         let seq = Sequence::new(RequestId(next), tokens, table, priority, next)
                             .of_model(model);
                         s.add(if prompt_logprobs { seq.with_prompt_logprobs() } else { seq });

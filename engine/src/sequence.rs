@@ -192,6 +192,7 @@ impl Sequence {
     /// Drops the cached keys and values; they will be recomputed from the tokens.
     pub(crate) fn evict(&mut self) {
         self.blocks.clear();
+        self.blocks.shape_for(self.tokens.len());
         self.swapped = None;
         self.num_computed = 0;
     }

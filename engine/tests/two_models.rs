@@ -24,16 +24,6 @@ fn engine(config: EngineConfig) -> EngineHandle {
     .expect("the two-model engine starts")
 }
 
-/// What every question starts with: long enough (over 120 tokens) for Gemma 3's prompts to
-/// reach past a block of its global layers, the unit its prefix hits come in.
-const BRIEF: &str = "You are a careful assistant who writes for curious readers of every age. \
-    Keep each answer short, accurate and friendly, in plain words that a child could follow, \
-    and never invent a figure you are not sure of. When a question names a subject, say one \
-    thing about it that most people do not know, then stop. Do not greet the reader, do not \
-    repeat the question, do not add a summary, and do not apologise. If the subject is a living \
-    thing, prefer a fact about how it lives; if it is a place or a thing, prefer a fact about \
-    how it formed or how it works; if it is a game or a craft, prefer a fact about its history.";
-
 /// Request `i` of sixteen for `model`: a chat question of its own, greedy or seeded sampling.
 fn mixed_request(engine: &EngineHandle, model: &str, i: usize) -> GenerateRequest {
     let info = engine.models().iter().find(|m| m.id == model).unwrap();
@@ -41,7 +31,7 @@ fn mixed_request(engine: &EngineHandle, model: &str, i: usize) -> GenerateReques
         "rivers", "bread", "comets", "violins", "glaciers", "bees", "chess", "tides",
     ];
     let question = format!(
-        "{BRIEF} Tell me one fact about {} (number {i}).",
+        "Tell me one fact about {} (number {i}).",
         topics[i % topics.len()]
     );
     let prompt = info
@@ -240,6 +230,7 @@ fn kv_memory_moves_to_the_model_with_the_load() {
 /// where keeping every block would take 52, and give exactly the tokens of a forward that keeps
 /// every position. The same prompt again finds its prefix, although the windowed blocks of its
 /// start were given back (and may since be evicted): a hit needs only what the window reads.
+/// A shorter prompt whose answer grows past the window switches to the same layout on the way.
 #[test]
 fn windowed_layers_hold_only_their_window() {
     let _serial = serial();
@@ -272,5 +263,22 @@ fn windowed_layers_hold_only_their_window() {
         again.cached_tokens, 960,
         "a prefix ends on a global block's boundary"
     );
+    // A prompt within the window keeps every layer together; its answer grows past the window,
+    // and the sequence goes on with its windowed layers apart, its cache computed again.
+    let short = &prompt[..500];
+    let expected = reference.greedy(short, 24, 0);
+    let relayouts = || engine.stats().kv().relayouts;
+    let before = relayouts();
+    let crossing = collect(
+        engine
+            .submit(GenerateRequest {
+                model: Some(GEMMA3.into()),
+                ignore_eos: true,
+                ..request(short, SamplingParams::greedy(), 24)
+            })
+            .unwrap(),
+    );
+    assert_eq!(crossing.tokens, expected);
+    assert_eq!(relayouts(), before + 1);
     assert_pool_whole(&engine);
 }

@@ -196,13 +196,12 @@ impl KvManager {
     /// An empty table whose blocks come from this manager.
     pub fn table(&self) -> BlockTable {
         let config = &self.state.borrow().config;
+        let shape = KvShape::whole(config.block_size);
         BlockTable {
             kv: self.clone(),
-            groups: vec![GroupTable::new(
-                KvGroup::whole(config.block_size),
-                config.salt,
-                0,
-            )],
+            groups: vec![GroupTable::new(shape.whole, config.salt, (0, 1))],
+            shape,
+            salt: config.salt,
             tenant: None,
         }
     }
@@ -357,6 +356,48 @@ impl KvGroup {
     }
 }
 
+/// How a model keeps its blocks: every layer together (`whole`), and, when some of its layers
+/// attend over a sliding window, those apart from the others (`split`, see [`KvGroup`]). A
+/// sequence keeps its layers together while it fits in the window, so that short sequences
+/// share their prefixes block by block (a split model's blocks hold more tokens of its global
+/// layers, and a prefix hit ends on a boundary of every group's blocks); a longer one keeps them
+/// apart, and one that grows past the window while together has its cache computed again, once,
+/// apart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    pub whole: KvGroup,
+    /// Empty when no layer has a window.
+    pub split: Vec<KvGroup>,
+}
+
+impl KvShape {
+    /// Every layer together, in blocks of `block_size` tokens.
+    pub fn whole(block_size: usize) -> Self {
+        Self {
+            whole: KvGroup::whole(block_size),
+            split: Vec::new(),
+        }
+    }
+
+    /// The narrowest window of the layers with one.
+    fn window(&self) -> Option<usize> {
+        self.split.iter().filter_map(|g| g.window).min()
+    }
+
+    /// The groups a sequence of `tokens` tokens keeps.
+    fn groups_for(&self, tokens: usize) -> &[KvGroup] {
+        match self.window() {
+            Some(w) if tokens > w => &self.split,
+            _ => std::slice::from_ref(&self.whole),
+        }
+    }
+
+    /// The groups of the longest sequences.
+    pub fn longest(&self) -> &[KvGroup] {
+        self.groups_for(usize::MAX)
+    }
+}
+
 /// Where a block the window left behind was: never read, never written.
 pub const GONE: BlockId = BlockId(u32::MAX);
 
@@ -378,12 +419,13 @@ struct GroupTable {
 }
 
 impl GroupTable {
-    fn new(shape: KvGroup, model_salt: u64, index: usize) -> Self {
-        let salt = match index {
-            0 => model_salt,
+    /// The table of group `index` of `groups`.
+    fn new(shape: KvGroup, model_salt: u64, (index, groups): (usize, usize)) -> Self {
+        let salt = match groups {
+            1 => model_salt,
             _ => {
                 let mut h = DefaultHasher::new();
-                (model_salt, index).hash(&mut h);
+                (model_salt, groups, index).hash(&mut h);
                 h.finish()
             }
         };
@@ -429,6 +471,9 @@ impl GroupTable {
 #[derive(Debug)]
 pub struct BlockTable {
     kv: KvManager,
+    /// How its model keeps blocks, and the salt of its blocks' keys.
+    shape: KvShape,
+    salt: u64,
     groups: Vec<GroupTable>,
     /// Whose blocks the sequence may share; `None`: everyone's.
     tenant: Option<CacheSalt>,
@@ -441,13 +486,30 @@ impl BlockTable {
         self
     }
 
-    /// The same table, for the model whose salt is `salt` and whose layer groups are `groups`:
-    /// its blocks are never shared with another model's, whatever their tokens.
-    pub fn for_model(mut self, salt: u64, groups: &[KvGroup]) -> Self {
-        self.groups = (groups.iter().enumerate())
-            .map(|(i, &shape)| GroupTable::new(shape, salt, i))
-            .collect();
+    /// The same table, for the model whose salt is `salt` and which keeps its blocks as `shape`
+    /// says, for a sequence of `tokens` tokens: its blocks are never shared with another
+    /// model's, whatever their tokens.
+    pub fn for_model(mut self, salt: u64, shape: &KvShape, tokens: usize) -> Self {
+        self.shape = shape.clone();
+        self.salt = salt;
+        self.shape_for(tokens);
         self
+    }
+
+    /// For an empty table: keeps the groups a sequence of `tokens` tokens keeps (see
+    /// [`KvShape`]).
+    pub fn shape_for(&mut self, tokens: usize) {
+        debug_assert!(self.is_empty());
+        let groups = self.shape.groups_for(tokens);
+        self.groups = (groups.iter().enumerate())
+            .map(|(i, &g)| GroupTable::new(g, self.salt, (i, groups.len())))
+            .collect();
+    }
+
+    /// Whether the sequence, `computed` tokens in, has grown past its model's window while
+    /// keeping every layer together: it should start again with its layers apart.
+    pub fn outgrew_window(&self, computed: usize) -> bool {
+        self.groups.len() == 1 && self.shape.groups_for(computed).len() > 1
     }
 
     fn salts(&self, group: &GroupTable) -> Salts {
@@ -874,15 +936,18 @@ mod tests {
     #[test]
     fn a_window_gives_back_the_blocks_it_left() {
         let kv = manager(8, 8);
-        let groups = [
-            KvGroup::whole(10),
-            KvGroup {
-                block_size: 5,
-                window: Some(7),
-            },
-        ];
+        let shape = KvShape {
+            whole: KvGroup::whole(4),
+            split: vec![
+                KvGroup::whole(10),
+                KvGroup {
+                    block_size: 5,
+                    window: Some(7),
+                },
+            ],
+        };
         let tokens: Vec<u32> = (0..31).collect();
-        let mut a = kv.table().for_model(7, &groups);
+        let mut a = kv.table().for_model(7, &shape, tokens.len());
         for end in [10, 20, 30] {
             assert!(a.grow_to(end));
             a.advance(&tokens, end);
@@ -897,7 +962,7 @@ mod tests {
         kv.take_copies();
         kv.copies_done();
 
-        let mut b = kv.table().for_model(7, &groups);
+        let mut b = kv.table().for_model(7, &shape, tokens.len());
         let hit = b.attach_prefix(&tokens);
         assert_eq!(hit.tokens(), 30);
         assert_eq!(b.tables(), a.tables());

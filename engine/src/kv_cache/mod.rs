@@ -20,7 +20,7 @@ mod transfer;
 pub use block_pool::BlockId;
 pub use host_tier::HostSlot;
 pub use manager::{
-    BlockTable, CopyOp, KvConfig, KvCounters, KvGauges, KvGroup, KvManager, PrefixHit,
+    BlockTable, CopyOp, KvConfig, KvCounters, KvGauges, KvGroup, KvManager, KvShape, PrefixHit,
     SwappedBlocks, GONE,
 };
 pub use prefix::{BlockHash, BlockKey};

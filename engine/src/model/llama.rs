@@ -24,7 +24,7 @@ use super::gguf::Gguf;
 use super::linear::Linear;
 use super::paged_kernel::kernel_fits;
 use super::ForwardBatch;
-use crate::kv_cache::{KvDtype, KvGroup, KvLayout, KvStorage, LayerKv, Slots};
+use crate::kv_cache::{KvDtype, KvGroup, KvLayout, KvShape, KvStorage, LayerKv, Slots};
 use crate::{EngineError, Result};
 
 /// Which kernels run the model, and where its weights and KV cache live.
@@ -526,20 +526,28 @@ impl Llama {
             .collect()
     }
 
-    /// The window of each of [`Llama::layer_groups`]' groups, and how many tokens a block of
-    /// `kv` holds for it.
-    pub fn kv_groups(&self, kv: &KvStorage) -> Vec<KvGroup> {
+    /// How this model keeps its blocks in `kv` (see [`KvShape`]): every layer together, and
+    /// when [`Llama::layer_groups`] keeps some apart, those groups with their windows; each with
+    /// as many tokens a block as fit.
+    pub fn kv_shape(&self, kv: &KvStorage) -> KvShape {
+        let token = self.kv_layout(1);
+        let all: Vec<usize> = (0..self.config.num_layers).collect();
+        let whole = KvGroup::whole(kv.block_sizes(&token, &[all])[0]);
         let groups = self.layer_groups();
-        let sizes = kv.block_sizes(&self.kv_layout(1), &groups);
-        (groups.iter().zip(sizes))
+        if groups.len() == 1 {
+            return KvShape {
+                whole,
+                split: Vec::new(),
+            };
+        }
+        let sizes = kv.block_sizes(&token, &groups);
+        let split = (groups.iter().zip(sizes))
             .map(|(layers, block_size)| KvGroup {
                 block_size,
-                window: match groups.len() {
-                    1 => None,
-                    _ => self.config.window(layers[0]),
-                },
+                window: self.config.window(layers[0]),
             })
-            .collect()
+            .collect();
+        KvShape { whole, split }
     }
 
     /// A KV cache of `num_blocks` blocks of `block_size` tokens, where this model's forward reads

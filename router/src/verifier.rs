@@ -272,14 +272,20 @@ impl Verifier {
                 let measured = self
                     .grounding(engine, candidate.question, candidate.answer)
                     .await?;
-                usage = measured.usage;
-                grounding = Some(measured.gain);
-                if measured.gain < self.config.min_grounding {
-                    reasons.push(format!(
+                match measured {
+                    // Text the tokenizer drops entirely (control characters): nothing to judge.
+                    None => reasons.push("empty: the answer has no text the model reads".into()),
+                    Some(measured) => {
+                        usage = measured.usage;
+                        grounding = Some(measured.gain);
+                        if measured.gain < self.config.min_grounding {
+                            reasons.push(format!(
                         "off_topic: the answer gains {:.3} nats per token from the question, \
                          under {}",
                         measured.gain, self.config.min_grounding
                     ));
+                        }
+                    }
                 }
             }
         }
@@ -419,37 +425,45 @@ pub struct Grounding {
 impl Verifier {
     /// How much more likely the generative model finds `answer` as the reply to `question` than
     /// as the reply to a neutral message: the mean log-probability per answer token of the two
-    /// chats, one prefill each (the prompt's log-probabilities, no sampling).
+    /// chats, one prefill each (the prompt's log-probabilities, no sampling). `None` when the
+    /// answer encodes to no tokens.
     pub async fn grounding(
         &self,
         engine: &dyn Generate,
         question: &str,
         answer: &str,
-    ) -> Result<Grounding> {
+    ) -> Result<Option<Grounding>> {
         let chars = self.config.grounding_chars;
         let (question, answer) = (head(question, chars), head(answer, chars));
-        let (asked, asked_usage) = answer_logprob(engine, question, answer).await?;
-        let (neutral, neutral_usage) = answer_logprob(engine, NEUTRAL_QUESTION, answer).await?;
+        let Some((asked, asked_usage)) = answer_logprob(engine, question, answer).await? else {
+            return Ok(None);
+        };
+        let Some((neutral, neutral_usage)) =
+            answer_logprob(engine, NEUTRAL_QUESTION, answer).await?
+        else {
+            return Ok(None);
+        };
         let gain = asked - neutral;
         if !gain.is_finite() {
             return Err(RouterError::Judge(format!(
                 "the grounding prefills scored the answer {asked} and {neutral}"
             )));
         }
-        Ok(Grounding {
+        Ok(Some(Grounding {
             gain,
             usage: add_usage(asked_usage, neutral_usage),
-        })
+        }))
     }
 }
 
 /// The mean log-probability of `answer`'s tokens as the assistant's reply to `question`, and
-/// what the prefill cost. The texts are contents: a control token in either stays text.
+/// what the prefill cost; `None` when the answer encodes to no tokens. The texts are contents:
+/// a control token in either stays text.
 async fn answer_logprob(
     engine: &dyn Generate,
     question: &str,
     answer: &str,
-) -> Result<(f32, engine::Usage)> {
+) -> Result<Option<(f32, engine::Usage)>> {
     let model = engine.model();
     let user = ChatMessage::new("user", question);
     let chat = |answer: &str| {
@@ -465,7 +479,7 @@ async fn answer_logprob(
     let start = common_prefix(&header, &full).max(1);
     let end = full.len() - common_suffix(&empty, &full).min(full.len() - start);
     if start >= end {
-        return Err(RouterError::Judge("the answer encodes to no tokens".into()));
+        return Ok(None);
     }
     let mut events = engine
         .submit(GenerateRequest {
@@ -493,7 +507,7 @@ async fn answer_logprob(
                 usage,
             } => {
                 return match (mean, error) {
-                    (Some(mean), None) => Ok((mean, usage)),
+                    (Some(mean), None) => Ok(Some((mean, usage))),
                     (_, error) => Err(RouterError::Judge(error.unwrap_or_else(|| {
                         format!(
                             "the grounding prefill ended ({}) before scoring",

@@ -53,6 +53,16 @@ fn mixed_request(engine: &EngineHandle, model: &str, i: usize) -> GenerateReques
     }
 }
 
+/// `max_tokens` greedy tokens after `prompt` from `model`, whatever the end of turn.
+fn greedy(engine: &EngineHandle, model: &str, prompt: &[u32], max_tokens: usize) -> Outcome {
+    let request = GenerateRequest {
+        model: Some(model.into()),
+        ignore_eos: true,
+        ..request(prompt, SamplingParams::greedy(), max_tokens)
+    };
+    collect(engine.submit(request).unwrap())
+}
+
 /// Sixteen requests for each model on `engine`, each alone and then all at once: the outcomes,
 /// alone and together.
 fn alone_and_together(engine: &EngineHandle) -> (Vec<Outcome>, Vec<Outcome>) {
@@ -194,17 +204,7 @@ fn kv_memory_moves_to_the_model_with_the_load() {
     assert_eq!(capacity, [BLOCKS * 16, 1800]);
     // Token ids both vocabularies hold: 40 of SmolLM2's blocks, 32 of Gemma's.
     let prompt: Vec<u32> = (0..640).map(|t| 1000 + (t * 7) % 3000).collect();
-    let run = |model: &str| {
-        collect(
-            engine
-                .submit(GenerateRequest {
-                    model: Some(model.into()),
-                    ignore_eos: true,
-                    ..request(&prompt, SamplingParams::greedy(), 4)
-                })
-                .unwrap(),
-        )
-    };
+    let run = |model: &str| greedy(&engine, model, &prompt, 4);
     let first = run(SMOLLM2);
     assert_eq!(first.reason, FinishReason::Length, "{:?}", first.error);
     assert_pool_whole(&engine);
@@ -227,7 +227,7 @@ fn kv_memory_moves_to_the_model_with_the_load() {
 /// Gemma 3's sliding-window layers keep blocks of their own (24 tokens of their 15 layers in a
 /// block, beside 120 tokens of the 3 global layers) and give back those their window of 512
 /// positions has left: a prompt of 990 tokens and 24 more decoded run in a pool of 44 blocks,
-/// where keeping every block would take 52, and give exactly the tokens of a forward that keeps
+/// where keeping every block would take 51, and give exactly the tokens of a forward that keeps
 /// every position. The same prompt again finds its prefix, although the windowed blocks of its
 /// start were given back (and may since be evicted): a hit needs only what the window reads.
 /// A shorter prompt whose answer grows past the window switches to the same layout on the way.
@@ -243,17 +243,7 @@ fn windowed_layers_hold_only_their_window() {
     assert!((prompt.len() + 24).div_ceil(20) > 44, "would fit whole");
     let mut reference = Ours::load(&gemma3_path(), Backend::Kernels);
     let expected = reference.greedy(&prompt, 24, 0);
-    let run = || {
-        collect(
-            engine
-                .submit(GenerateRequest {
-                    model: Some(GEMMA3.into()),
-                    ignore_eos: true,
-                    ..request(&prompt, SamplingParams::greedy(), 24)
-                })
-                .unwrap(),
-        )
-    };
+    let run = || greedy(&engine, GEMMA3, &prompt, 24);
     let first = run();
     assert_eq!(first.reason, FinishReason::Length, "{:?}", first.error);
     assert_eq!(first.tokens, expected);
@@ -269,15 +259,7 @@ fn windowed_layers_hold_only_their_window() {
     let expected = reference.greedy(short, 24, 0);
     let relayouts = || engine.stats().kv().relayouts;
     let before = relayouts();
-    let crossing = collect(
-        engine
-            .submit(GenerateRequest {
-                model: Some(GEMMA3.into()),
-                ignore_eos: true,
-                ..request(short, SamplingParams::greedy(), 24)
-            })
-            .unwrap(),
-    );
+    let crossing = greedy(&engine, GEMMA3, short, 24);
     assert_eq!(crossing.tokens, expected);
     assert_eq!(relayouts(), before + 1);
     assert_pool_whole(&engine);

@@ -220,7 +220,10 @@ async fn grounding_tells_an_answer_to_the_question_from_one_to_a_neighbouring_to
 /// failed verdict like any other, not a server error: found by fuzzing the API.
 #[tokio::test]
 async fn an_answer_the_model_reads_as_nothing_fails_as_empty() {
-    for question in [QUESTION, "\u{b4}\u{10c30c}\u{a6}?\u{7bd70}\u{de}\u{f4}\u{12}>"] {
+    for question in [
+        QUESTION,
+        "\u{b4}\u{10c30c}\u{a6}?\u{7bd70}\u{de}\u{f4}\u{12}>",
+    ] {
         let (status, body) = verify(&json!({"question": question, "answer": "\u{4}"})).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(body["verdict"], "failed", "{body}");

@@ -37,6 +37,9 @@ pub const NR: usize = 32;
 pub const QK: usize = 32;
 /// Rows per register tile.
 pub const MR: usize = 4;
+/// Tiles (one panel's weights for one block of inputs, times the rows) below which a task is
+/// not split further.
+const MIN_TASK_TILES: usize = 64;
 /// Features per vector of sums (16 × i32 in 512 bits).
 const LANES: usize = 16;
 /// Code bytes of a tile of 4-bit codes.
@@ -277,8 +280,10 @@ impl Linear {
         let (kb, rows) = (k / QK, acts.codes.len() / k);
         let dst_ptr = SendPtr(dst.as_mut_ptr());
         let panels = n.div_ceil(NR);
-        // Enough work per task to amortise scheduling, enough tasks to keep both cores busy.
-        let min_len = (64 / rows.max(1)).max(1);
+        // Enough work per task to amortise scheduling (about MIN_TASK_TILES tiles of 32 x 32
+        // weights times the rows), enough tasks to keep every core busy: a single row's
+        // matrix-vector product splits too, not only the wide ones.
+        let min_len = MIN_TASK_TILES.div_ceil(kb * rows.max(1)).max(1);
         (0..panels)
             .into_par_iter()
             .with_min_len(min_len)

@@ -245,9 +245,6 @@ struct Shared {
 /// Bytes kept free on a GPU beyond the estimates: cuBLAS workspaces, the allocator's slack.
 pub const GPU_HEADROOM: usize = 256 << 20;
 
-/// Bytes for the device tier of the KV cache: `--kv-cache-mb`, or on a GPU with
-/// `--gpu-memory-utilization` that share of its memory less what is in use already (the weights
-/// just loaded, other processes), the step's activations and a headroom.
 /// The most tokens one sequence of a model whose layers keep `groups` can hold in a pool of
 /// `num_blocks` blocks, computed in chunks of up to `chunk` tokens: a chunk reads the window
 /// before its first token, so a layer with a window holds the blocks of the window and of the
@@ -258,19 +255,13 @@ fn pool_tokens(groups: &[KvGroup], num_blocks: usize, chunk: usize) -> usize {
         groups.iter().map(|g| g.blocks_for(from, end)).sum()
     };
     let most = num_blocks * groups.iter().map(|g| g.block_size).max().unwrap_or(0);
-    // Blocks needed never fall as the sequence grows by a chunk or more; the first length past
-    // the pool bounds it.
-    let (mut lo, mut hi) = (0, most);
-    while lo < hi {
-        let mid = (lo + hi).div_ceil(2);
-        match blocks(mid) <= num_blocks {
-            true => lo = mid,
-            false => hi = mid - 1,
-        }
-    }
-    lo
+    // Blocks needed never fall as the sequence grows by a chunk or more.
+    kv_cache::most_that_fit(most, |end| blocks(end) <= num_blocks)
 }
 
+/// Bytes for the device tier of the KV cache: `--kv-cache-mb`, or on a GPU with
+/// `--gpu-memory-utilization` that share of its memory less what is in use already (the weights
+/// just loaded, other processes), the step's activations and a headroom.
 fn kv_budget(
     config: &EngineConfig,
     device: &candle_core::Device,

@@ -32,7 +32,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::kv_cache::{BlockId, KvManager, PrefixHit};
+use crate::kv_cache::{most_that_fit, BlockId, KvManager, PrefixHit};
 use crate::request::RequestId;
 use crate::sequence::Sequence;
 
@@ -495,17 +495,8 @@ impl Scheduler {
     /// leaving `reserve` blocks available.
     fn fit(&self, seq: &Sequence, want: usize, reserve: usize) -> usize {
         let usable = self.kv.num_available().saturating_sub(reserve) + seq.blocks.len();
-        let fits = |n: usize| seq.blocks_for(seq.num_computed() + n) <= usable;
-        // The most tokens that fit: blocks needed grow with the tokens.
-        let (mut lo, mut hi) = (0, want);
-        while lo < hi {
-            let mid = (lo + hi).div_ceil(2);
-            match fits(mid) {
-                true => lo = mid,
-                false => hi = mid - 1,
-            }
-        }
-        lo
+        // Blocks needed grow with the tokens.
+        most_that_fit(want, |n| seq.blocks_for(seq.num_computed() + n) <= usable)
     }
 
     fn plan_item(&self, plan: &mut StepPlan, i: usize, n: usize, decode: bool) {

@@ -779,6 +779,20 @@ impl BlockTable {
     }
 }
 
+/// The largest `n` in `0..=most` for which `fits(n)` holds, where `fits` holds up to some `n`
+/// and for none past it (as "the blocks for `n` tokens fit").
+pub fn most_that_fit(most: usize, fits: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (0, most);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        match fits(mid) {
+            true => lo = mid,
+            false => hi = mid - 1,
+        }
+    }
+    lo
+}
+
 fn lcm(a: usize, b: usize) -> usize {
     let gcd = |mut a: usize, mut b: usize| {
         while b != 0 {

@@ -20,8 +20,8 @@ mod transfer;
 pub use block_pool::BlockId;
 pub use host_tier::HostSlot;
 pub use manager::{
-    BlockTable, CopyOp, KvConfig, KvCounters, KvGauges, KvGroup, KvManager, KvShape, PrefixHit,
-    SwappedBlocks, GONE,
+    most_that_fit, BlockTable, CopyOp, KvConfig, KvCounters, KvGauges, KvGroup, KvManager, KvShape,
+    PrefixHit, SwappedBlocks, GONE,
 };
 pub use prefix::{BlockHash, BlockKey};
 pub use storage::{HostStore, KvDtype, KvLayout, KvStorage, LayerKv, Slots};

@@ -208,7 +208,7 @@ impl KvStorage {
 
     /// One arena in RAM whose blocks any of `layouts` (models of one engine, f16) may hold:
     /// `num_blocks` slabs, each the size of the largest of their blocks. A model holds as many
-    /// tokens in a slab as fit ([`KvStorage::tokens_per_block`]), so a smaller model's blocks are
+    /// tokens in a slab as fit ([`KvStorage::block_sizes`]), so a smaller model's blocks are
     /// longer. It reads as the first model's until [`KvStorage::select`] picks another.
     pub fn shared(layouts: &[KvLayout], num_blocks: usize) -> Result<Self> {
         let first = *layouts
@@ -274,7 +274,13 @@ impl KvStorage {
                 layout.in_slabs(slab)
             };
             self.layout = sized(token.num_layers, sizes[0]);
-            self.layers = whole(self.layout);
+            // Every entry is set below: the groups hold each layer once.
+            let place = LayerPlace {
+                layout: self.layout,
+                index: 0,
+                group: 0,
+            };
+            self.layers.resize(token.num_layers, place);
             for (group, (layers, &size)) in groups.iter().zip(&sizes).enumerate() {
                 let layout = sized(layers.len(), size);
                 for (index, &layer) in layers.iter().enumerate() {
@@ -344,6 +350,11 @@ impl KvStorage {
     /// [`KvStorage::layer`] starts.
     pub fn layer_layout(&self, layer: usize) -> &KvLayout {
         &self.layers[layer].layout
+    }
+
+    /// The group of the selected model's layers that `layer` belongs to.
+    pub fn layer_group(&self, layer: usize) -> usize {
+        self.layers[layer].group
     }
 
     pub fn num_blocks(&self) -> usize {

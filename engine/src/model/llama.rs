@@ -363,6 +363,10 @@ pub struct Llama {
     device: Device,
     /// How the device path attends for decode tokens.
     decode: DecodeAttention,
+    /// Every layer in one group: how a sequence with one block table keeps its cache.
+    all_layers: Vec<Vec<usize>>,
+    /// The groups of layers the cache keeps apart (see [`Llama::layer_groups`]).
+    layer_groups: Vec<Vec<usize>>,
 }
 
 impl Llama {
@@ -420,10 +424,17 @@ impl Llama {
             true => DecodeAttention::Kernel,
             false => DecodeAttention::Ops,
         };
+        let all_layers = vec![(0..config.num_layers).collect()];
+        let layer_groups = match embed {
+            Proj::Kernels(_) => windowed_apart(&config),
+            Proj::Quantized(_) => all_layers.clone(),
+        };
         Ok(Self {
             norm: norm(g, "output_norm.weight")?,
             config,
             embed,
+            all_layers,
+            layer_groups,
             lm_head,
             layers,
             cos,
@@ -512,18 +523,8 @@ impl Llama {
     /// The groups of layers whose blocks the cache keeps apart: in the arena the CPU kernels
     /// read, the layers attending over a sliding window (by window) apart from the others, so
     /// that the blocks a window has left behind can go; every layer in one group on a device.
-    pub fn layer_groups(&self) -> Vec<Vec<usize>> {
-        let c = &self.config;
-        let all = (0..c.num_layers).collect();
-        if !matches!(self.embed, Proj::Kernels(_)) {
-            return vec![all];
-        }
-        let mut windows: Vec<Option<usize>> = (0..c.num_layers).map(|l| c.window(l)).collect();
-        windows.sort();
-        windows.dedup();
-        (windows.into_iter())
-            .map(|w| (0..c.num_layers).filter(|&l| c.window(l) == w).collect())
-            .collect()
+    pub fn layer_groups(&self) -> &[Vec<usize>] {
+        &self.layer_groups
     }
 
     /// How this model keeps its blocks in `kv` (see [`KvShape`]): every layer together, and
@@ -531,16 +532,15 @@ impl Llama {
     /// as many tokens a block as fit.
     pub fn kv_shape(&self, kv: &KvStorage) -> KvShape {
         let token = self.kv_layout(1);
-        let all: Vec<usize> = (0..self.config.num_layers).collect();
-        let whole = KvGroup::whole(kv.block_sizes(&token, &[all])[0]);
-        let groups = self.layer_groups();
+        let whole = KvGroup::whole(kv.block_sizes(&token, &self.all_layers)[0]);
+        let groups = &self.layer_groups;
         if groups.len() == 1 {
             return KvShape {
                 whole,
                 split: Vec::new(),
             };
         }
-        let sizes = kv.block_sizes(&token, &groups);
+        let sizes = kv.block_sizes(&token, groups);
         let split = (groups.iter().zip(sizes))
             .map(|(layers, block_size)| KvGroup {
                 block_size,
@@ -571,8 +571,8 @@ impl Llama {
         }
         // One table a sequence: every layer in one group.
         let groups = match batch.seqs.len() {
-            0 | 1 => vec![(0..c.num_layers).collect()],
-            _ => self.layer_groups(),
+            0 | 1 => &self.all_layers,
+            _ => &self.layer_groups,
         };
         if batch.seqs.len() > 1 && batch.seqs.len() != groups.len() {
             return Err(EngineError::Model(format!(
@@ -581,13 +581,7 @@ impl Llama {
                 groups.len()
             )));
         }
-        let sizes = kv.select(self.kv_layout(1), &groups)?;
-        let mut group_of = vec![0; c.num_layers];
-        for (g, layers) in groups.iter().enumerate() {
-            for &layer in layers {
-                group_of[layer] = g;
-            }
-        }
+        let sizes = kv.select(self.kv_layout(1), groups)?;
         let places = (batch.seqs.iter().zip(&sizes))
             .map(|(seqs, &bs)| {
                 (seqs.iter())
@@ -619,7 +613,10 @@ impl Llama {
                 (Some(local), Some(_)) => local,
                 _ => &global,
             };
-            let seqs = batch.seqs.get(group_of[i]).map_or(&[][..], Vec::as_slice);
+            let seqs = batch
+                .seqs
+                .get(kv.layer_group(i))
+                .map_or(&[][..], Vec::as_slice);
             x = self.layer_forward(layer, i, &x, (cos, sin), (seqs, &slots), kv)?;
         }
         if batch.logits_rows.is_empty() {
@@ -705,6 +702,17 @@ impl Llama {
             rope_i(x, cos, sin)?
         })
     }
+}
+
+/// The layers of `c` by window, those without one first: each group's blocks hold only its
+/// layers.
+fn windowed_apart(c: &LlamaConfig) -> Vec<Vec<usize>> {
+    let mut windows: Vec<Option<usize>> = (0..c.num_layers).map(|l| c.window(l)).collect();
+    windows.sort();
+    windows.dedup();
+    (windows.into_iter())
+        .map(|w| (0..c.num_layers).filter(|&l| c.window(l) == w).collect())
+        .collect()
 }
 
 fn tensor_bytes(t: &Tensor) -> usize {

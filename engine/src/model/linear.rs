@@ -431,17 +431,12 @@ fn panel_kernel<const B: usize>(
     acc: &mut [[f32; NR]; MR],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if avx512::detected() {
-        // SAFETY: the features were just detected.
-        unsafe {
-            match mr {
-                1 => avx512::panel::<B, 1>(tiles, zero, x, acc),
-                2 => avx512::panel::<B, 2>(tiles, zero, x, acc),
-                3 => avx512::panel::<B, 3>(tiles, zero, x, acc),
-                _ => avx512::panel::<B, 4>(tiles, zero, x, acc),
-            }
-        }
-        return;
+    match *x86::LEVEL {
+        // SAFETY: the features were detected.
+        x86::Level::Avx512 => return unsafe { avx512::run(tiles, zero, x, mr, acc) },
+        // SAFETY: the features were detected.
+        x86::Level::Avx2 => return unsafe { avx2::run(tiles, zero, x, mr, acc) },
+        x86::Level::Portable => {}
     }
     portable_panel(tiles, zero, x, mr, acc)
 }
@@ -476,16 +471,171 @@ fn portable_panel<const B: usize>(
     }
 }
 
+/// Which kernel the CPU runs, detected once.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::is_x86_feature_detected as has;
+    use std::sync::LazyLock;
+
+    pub enum Level {
+        /// 512-bit registers and VNNI: 64 byte products summed per instruction.
+        Avx512,
+        /// 256-bit registers: byte products summed in pairs, then in fours (as ggml on AVX2).
+        Avx2,
+        Portable,
+    }
+
+    pub static LEVEL: LazyLock<Level> = LazyLock::new(|| {
+        if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
+            Level::Avx512
+        } else if has!("avx2") && has!("fma") && has!("f16c") {
+            Level::Avx2
+        } else {
+            Level::Portable
+        }
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{RowTile, Tile, FOUR, MR, NR, QK};
+    use std::arch::x86_64::*;
+
+    /// Features per vector of sums (8 × i32 in 256 bits).
+    const LANES: usize = 8;
+
+    /// Four consecutive activation codes broadcast to every lane.
+    #[inline(always)]
+    unsafe fn quad(p: *const i8) -> __m256i {
+        _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
+    }
+
+    /// [`panel`] for `mr` rows.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    pub unsafe fn run<const B: usize>(
+        tiles: &[Tile<B>],
+        zero: i32,
+        x: RowTile,
+        mr: usize,
+        acc: &mut [[f32; NR]; MR],
+    ) {
+        match mr {
+            1 => panel::<B, 1>(tiles, zero, x, acc),
+            2 => panel::<B, 2>(tiles, zero, x, acc),
+            3 => panel::<B, 3>(tiles, zero, x, acc),
+            _ => panel::<B, 4>(tiles, zero, x, acc),
+        }
+    }
+
+    /// Byte products summed in pairs (`maddubs`, exact while a pair stays within an i16:
+    /// codes below 16 times activations within ±127 give at most 3,810), accumulated as
+    /// i16 (at most eight pairs: 30,480).
+    #[inline(always)]
+    unsafe fn pairs(sum: __m256i, codes: __m256i, x: __m256i) -> __m256i {
+        _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes, x))
+    }
+
+    /// The kernel for 8 features at a time: the panel's four groups one after the other,
+    /// each over every block, so its rows' sums stay in registers. 8-bit codes are taken as
+    /// two nibbles, `u = lo + 16·hi`, each nibble's products exact in i16 as above.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn panel<const B: usize, const R: usize>(
+        tiles: &[Tile<B>],
+        zero: i32,
+        x: RowTile,
+        acc: &mut [[f32; NR]; MR],
+    ) {
+        let kb = tiles.len();
+        let k = kb * QK;
+        debug_assert!(x.codes.len() >= R * k && x.scales.len() >= R * kb);
+        let xp = x.codes.as_ptr();
+        let nibble = _mm256_set1_epi8(0x0f);
+        let ones = _mm256_set1_epi16(1);
+        for g in 0..NR / LANES {
+            // Group `g` is half `g / 2` of the tile's 64-byte vectors, their 32-byte part `g % 2`.
+            let (half, part) = (g / 2, (g % 2) * 32);
+            let mut out = [_mm256_setzero_ps(); R];
+            for (b, tile) in tiles.iter().enumerate() {
+                let q = tile.q.as_ptr();
+                let mut dots = [_mm256_setzero_si256(); R];
+                if B == FOUR {
+                    let mut sums = [_mm256_setzero_si256(); R];
+                    // Vector `l`: inputs 4l..4l+4 in the low nibbles, 16+4l.. in the high.
+                    for l in 0..4 {
+                        let raw = _mm256_load_si256(q.add((half * 4 + l) * 64 + part).cast());
+                        let lo = _mm256_and_si256(raw, nibble);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nibble);
+                        for (i, sum) in sums.iter_mut().enumerate() {
+                            let row = xp.add(i * k + b * QK);
+                            *sum = pairs(*sum, lo, quad(row.add(4 * l)));
+                            *sum = pairs(*sum, hi, quad(row.add(16 + 4 * l)));
+                        }
+                    }
+                    for i in 0..R {
+                        dots[i] = _mm256_madd_epi16(sums[i], ones);
+                    }
+                } else {
+                    let mut lows = [_mm256_setzero_si256(); R];
+                    let mut highs = [_mm256_setzero_si256(); R];
+                    for v in 0..QK / 4 {
+                        let raw = _mm256_load_si256(q.add((half * 8 + v) * 64 + part).cast());
+                        let lo = _mm256_and_si256(raw, nibble);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nibble);
+                        for i in 0..R {
+                            let xq = quad(xp.add(i * k + b * QK + 4 * v));
+                            lows[i] = pairs(lows[i], lo, xq);
+                            highs[i] = pairs(highs[i], hi, xq);
+                        }
+                    }
+                    for i in 0..R {
+                        let lo = _mm256_madd_epi16(lows[i], ones);
+                        let hi = _mm256_madd_epi16(highs[i], ones);
+                        dots[i] = _mm256_add_epi32(lo, _mm256_slli_epi32::<4>(hi));
+                    }
+                }
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(tile.d.as_ptr().add(g * LANES).cast()));
+                let m = _mm256_cvtph_ps(_mm_loadu_si128(tile.m.as_ptr().add(g * LANES).cast()));
+                for i in 0..R {
+                    let scale = *x.scales.get_unchecked(i * kb + b);
+                    let correction = _mm256_set1_epi32(zero * scale.sum);
+                    let (dx, sx) = (_mm256_set1_ps(scale.d), _mm256_set1_ps(scale.s));
+                    let dot = _mm256_cvtepi32_ps(_mm256_sub_epi32(dots[i], correction));
+                    out[i] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, dx), out[i]);
+                    out[i] = _mm256_fmadd_ps(m, sx, out[i]);
+                }
+            }
+            for i in 0..R {
+                _mm256_storeu_ps(acc[i].as_mut_ptr().add(g * LANES), out[i]);
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{RowTile, Tile, FOUR, LANES, MR, NR, QK};
     use half::f16;
     use std::arch::x86_64::*;
 
-    pub fn detected() -> bool {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
+    /// [`panel`] for `mr` rows.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, BW and VNNI.
+    pub unsafe fn run<const B: usize>(
+        tiles: &[Tile<B>],
+        zero: i32,
+        x: RowTile,
+        mr: usize,
+        acc: &mut [[f32; NR]; MR],
+    ) {
+        match mr {
+            1 => panel::<B, 1>(tiles, zero, x, acc),
+            2 => panel::<B, 2>(tiles, zero, x, acc),
+            3 => panel::<B, 3>(tiles, zero, x, acc),
+            _ => panel::<B, 4>(tiles, zero, x, acc),
+        }
     }
 
     /// Four consecutive activation codes broadcast to every lane.
@@ -838,8 +988,33 @@ mod tests {
         }
     }
 
+    /// Every kernel this CPU can run (not only the one it picks) equals the portable one.
     #[test]
     fn simd_matches_portable_bit_for_bit() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
+                // SAFETY: the features were just detected.
+                matches_portable(
+                    |t, z, x, mr, acc| unsafe { avx512::run::<FOUR>(t, z, x, mr, acc) },
+                    |t, z, x, mr, acc| unsafe { avx512::run::<EIGHT>(t, z, x, mr, acc) },
+                );
+            }
+            if has!("avx2") && has!("fma") && has!("f16c") {
+                // SAFETY: the features were just detected.
+                matches_portable(
+                    |t, z, x, mr, acc| unsafe { avx2::run::<FOUR>(t, z, x, mr, acc) },
+                    |t, z, x, mr, acc| unsafe { avx2::run::<EIGHT>(t, z, x, mr, acc) },
+                );
+            }
+        }
+    }
+
+    fn matches_portable(
+        four_kernel: impl Fn(&[Tile<FOUR>], i32, RowTile, usize, &mut [[f32; NR]; MR]),
+        eight_kernel: impl Fn(&[Tile<EIGHT>], i32, RowTile, usize, &mut [[f32; NR]; MR]),
+    ) {
         let k = 128;
         let x = input(MR, k);
         let acts = Activations::quantize(&x);
@@ -855,13 +1030,13 @@ mod tests {
             let Tiles::Four(t) = &four.tiles else {
                 panic!("Q4_1 packs 4-bit codes")
             };
-            panel_kernel(&t[..k / QK], four.zero, rows(mr), mr, &mut a);
+            four_kernel(&t[..k / QK], four.zero, rows(mr), mr, &mut a);
             portable_panel(&t[..k / QK], four.zero, rows(mr), mr, &mut b);
             assert_eq!(a[..mr], b[..mr]);
             let Tiles::Eight(t) = &eight.tiles else {
                 panic!("Q8_0 packs 8-bit codes")
             };
-            panel_kernel(&t[..k / QK], eight.zero, rows(mr), mr, &mut a);
+            eight_kernel(&t[..k / QK], eight.zero, rows(mr), mr, &mut a);
             portable_panel(&t[..k / QK], eight.zero, rows(mr), mr, &mut b);
             assert_eq!(a[..mr], b[..mr]);
         }

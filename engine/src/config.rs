@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use crate::model::DeviceWeights;
+use crate::speculative::Speculative;
 use crate::DeviceSpec;
 
 /// Engine settings. Every flag also reads a `SWARMGATE_*` environment variable.
@@ -90,6 +91,18 @@ pub struct EngineConfig {
     /// Compute threads (default: one per core).
     #[arg(long, env = "SWARMGATE_THREADS")]
     pub threads: Option<usize>,
+    /// Speculative decoding: `ngram` drafts a decode step's next tokens from the tokens the
+    /// sequence already holds (prompt lookup: agents copy from their context) and checks them
+    /// in the same forward, while steps are narrow enough for that to pay; the tokens are the
+    /// same as with `off`.
+    #[arg(long, env = "SWARMGATE_SPECULATIVE", value_enum, default_value_t = Speculative::Ngram)]
+    pub speculative: Speculative,
+    /// With speculative decoding, drafts are added to a step while it holds at most this many
+    /// tokens: up to there a step costs about what one token does (its weights are read once
+    /// for all of its rows), so a wrong guess costs little. Wider steps (many sequences
+    /// decoding) draft nothing.
+    #[arg(long, env = "SWARMGATE_SPECULATIVE_STEP_TOKENS", default_value_t = 8)]
+    pub speculative_step_tokens: usize,
 }
 
 impl Default for EngineConfig {
@@ -112,6 +125,8 @@ impl Default for EngineConfig {
             max_queued: 512,
             max_unread_events: crate::EVENT_BUFFER,
             threads: None,
+            speculative: Speculative::Ngram,
+            speculative_step_tokens: 8,
         }
     }
 }

@@ -49,6 +49,7 @@ use crate::runs::Runs;
 use crate::sampler::{self, Sampled, Sampler};
 use crate::scheduler::{PlanItem, Scheduler, SchedulerConfig, StepPlan};
 use crate::sequence::Sequence;
+use crate::speculative::Drafter;
 use crate::stop::TextStream;
 
 /// The most events one step sends a request: its prompt's log-probabilities, a token, the
@@ -177,6 +178,9 @@ pub struct EngineStats {
     pub prefill_nanos: AtomicU64,
     pub decode_nanos: AtomicU64,
     pub preemptions: AtomicU64,
+    /// Tokens decode steps ran as drafts ([`crate::speculative`]), and those sampling took.
+    pub draft_tokens: AtomicU64,
+    pub accepted_draft_tokens: AtomicU64,
     /// Blocks copied between the tiers (either way), and the time the copies took.
     pub copied_blocks: AtomicU64,
     pub copy_nanos: AtomicU64,
@@ -239,6 +243,39 @@ struct Output {
     retention: Option<Retention>,
 }
 
+impl Output {
+    /// Whether `token` ends the answer: a stop token, or the end of a complete constrained one.
+    fn stops_at(&self, token: u32) -> bool {
+        self.stop_tokens.contains(&token) || self.sampler.completes(token)
+    }
+
+    /// Chooses a step's tokens from `picks` in order, as decoding one token at a time would:
+    /// the token from pick `i` is taken, and pick `i + 1` (computed after `draft[i]`) is read
+    /// only when that token is `draft[i]` and nothing ended the answer or forced the tokens
+    /// after it. `room`: the tokens the answer may still take.
+    fn take(&mut self, picks: &mut Picks, draft: &[u32], room: usize) -> Stepped {
+        let mut stepped = Stepped::default();
+        for i in 0..picks.len() {
+            let sampled = match picks {
+                Picks::Rows(rows) => self.sampler.sample(&mut rows[i]),
+                Picks::Tokens(tokens) => self.sampler.record(tokens[i]),
+            };
+            let token = sampled.token;
+            stepped.sampled.push(sampled);
+            if self.sampler.constraint_error().is_some() || self.stops_at(token) {
+                break;
+            }
+            // What the grammar forces after this token joins it, within the answer's limits.
+            let room = room.saturating_sub(stepped.sampled.len());
+            stepped.forced = self.sampler.fast_forward(room);
+            if !stepped.forced.is_empty() || room == 0 || draft.get(i) != Some(&token) {
+                break;
+            }
+        }
+        stepped
+    }
+}
+
 /// A prompt's log-probabilities as its chunks run.
 struct PromptLogprobs {
     /// Alternatives reported per token.
@@ -252,6 +289,31 @@ struct PromptLogprobs {
 enum StepOutput {
     Rows(Vec<Vec<f32>>),
     Tokens(Vec<u32>),
+}
+
+/// What a step gave a sampled item to choose its tokens from, in order: one per token of a
+/// decode step with a draft, else one: its logits rows, or the tokens a plain greedy choice
+/// made of them on the device.
+enum Picks {
+    Rows(Vec<Vec<f32>>),
+    Tokens(Vec<u32>),
+}
+
+impl Picks {
+    fn len(&self) -> usize {
+        match self {
+            Self::Rows(rows) => rows.len(),
+            Self::Tokens(tokens) => tokens.len(),
+        }
+    }
+}
+
+/// The tokens a step gave a sequence: those sampled (more than one when its draft was right,
+/// the first ones), and those its grammar forces after the last.
+#[derive(Default)]
+struct Stepped {
+    sampled: Vec<Sampled>,
+    forced: Vec<u32>,
 }
 
 /// One of the models the loop runs, and what its requests' outputs need of it.
@@ -579,11 +641,13 @@ impl EngineLoop {
         let table = (self.scheduler.kv().table())
             .for_model(lane.salt, &lane.shape, prompt.len() + forced.len())
             .salted(request.cache_salt);
+        let end = (prompt.len() + request.max_tokens).min(context);
         let mut seq = Sequence::new(id, prompt, table, request.priority, arrival)
             .of_model(model)
             .in_run(run_arrival)
             .expecting(expected)
-            .answer_starting(&forced);
+            .answer_starting(&forced)
+            .drafting(Drafter::new(end));
         if request.prompt_logprobs.is_some() {
             seq = seq.with_prompt_logprobs();
         }
@@ -688,36 +752,67 @@ impl EngineLoop {
                 self.on_prompt_logits(item, &mut rows);
             }
             if item.sample {
-                let row = rows.pop().expect("a sampled item has its last row");
-                if let Some(out) = self.outputs.remove(&item.id) {
-                    to_sample.push((item.id, out, row));
-                }
+                let picks = rows.split_off(rows.len() - 1 - item.draft);
+                to_sample.push((item, Picks::Rows(picks)));
             }
         }
-        // Sampling (penalties, filters, grammar masks) is per sequence: it runs on the compute
-        // threads side by side, then the results are applied in batch order. A panic there
-        // touched only that sequence's sampler, so it ends that sequence and nothing else.
-        let sample = |(_, out, row): &mut (RequestId, Output, Vec<f32>)| {
-            panic::catch_unwind(AssertUnwindSafe(|| out.sampler.sample(row)))
+        self.sample(to_sample);
+    }
+
+    /// Applies the tokens chosen on the device, one per logits row of the items in order.
+    fn on_greedy_tokens(&mut self, items: &[&PlanItem], tokens: Vec<u32>) {
+        let mut tokens = tokens.into_iter();
+        let mut to_sample = Vec::new();
+        for &item in items {
+            let picks: Vec<u32> = (tokens.by_ref())
+                .take(logits_of(item).rows(item.tokens.len()))
+                .collect();
+            if item.sample {
+                to_sample.push((item, Picks::Tokens(picks)));
+            }
+        }
+        self.sample(to_sample);
+    }
+
+    /// Chooses each sampled item's tokens from its picks, then applies them in batch order.
+    /// Sampling (penalties, filters, grammar masks) is per sequence: it runs on the compute
+    /// threads side by side. A panic there touched only that sequence's sampler, so it ends
+    /// that sequence and nothing else.
+    fn sample(&mut self, to_sample: Vec<(&PlanItem, Picks)>) {
+        let mut work = Vec::with_capacity(to_sample.len());
+        for (item, picks) in to_sample {
+            let (Some(out), Some(seq)) =
+                (self.outputs.remove(&item.id), self.scheduler.get(item.id))
+            else {
+                continue;
+            };
+            let context = self.lanes[out.model].model.config().context_length;
+            let room = (out.max_tokens.saturating_sub(seq.num_generated()))
+                .min(context.saturating_sub(seq.tokens().len()));
+            work.push((item, out, picks, room));
+        }
+        let take = |(item, out, picks, room): &mut (&PlanItem, Output, Picks, usize)| {
+            let draft = &item.tokens[item.tokens.len() - item.draft..];
+            panic::catch_unwind(AssertUnwindSafe(|| out.take(picks, draft, *room)))
         };
-        let sampled: Vec<std::thread::Result<Sampled>> = if to_sample.len() > 1 {
-            to_sample.par_iter_mut().map(sample).collect()
+        let stepped: Vec<std::thread::Result<Stepped>> = if work.len() > 1 {
+            work.par_iter_mut().map(take).collect()
         } else {
-            to_sample.iter_mut().map(sample).collect()
+            work.iter_mut().map(take).collect()
         };
         // Every output goes back before any result is applied: should applying one panic, the
         // loop's recovery finds every request in flight there.
-        let ids: Vec<RequestId> = to_sample.iter().map(|(id, _, _)| *id).collect();
+        let items: Vec<&PlanItem> = work.iter().map(|(item, ..)| *item).collect();
         self.outputs
-            .extend(to_sample.into_iter().map(|(id, out, _)| (id, out)));
-        for (id, sampled) in ids.into_iter().zip(sampled) {
-            match sampled {
-                Ok(sampled) => self.on_sampled(id, sampled),
+            .extend(work.into_iter().map(|(item, out, ..)| (item.id, out)));
+        for (item, stepped) in items.into_iter().zip(stepped) {
+            match stepped {
+                Ok(stepped) => self.on_sampled(item, stepped),
                 Err(payload) => {
                     let reason = panic_message(&*payload);
-                    tracing::error!(id = id.0, panic = %reason, "sampling panicked");
+                    tracing::error!(id = item.id.0, panic = %reason, "sampling panicked");
                     self.finish(
-                        id,
+                        item.id,
                         FinishReason::Error,
                         Some("internal error in the sampler"),
                     );
@@ -732,6 +827,8 @@ impl EngineLoop {
         self.scheduler.commit(plan);
         let decode = plan.items.iter().filter(|i| i.decode).count() as u64;
         let prefill = plan.num_prefill_tokens() as u64;
+        // Drafts are computed like any token: the step's time is split by what it ran.
+        let drafts: u64 = plan.items.iter().map(|i| i.draft as u64).sum();
         for item in &plan.items {
             let m = &self.stats.models[item.model];
             let (counter, n) = match item.decode {
@@ -740,7 +837,7 @@ impl EngineLoop {
             };
             counter.fetch_add(n, Ordering::Relaxed);
         }
-        let prefill_nanos = elapsed * prefill / (prefill + decode).max(1);
+        let prefill_nanos = elapsed * prefill / (prefill + decode + drafts).max(1);
         let s = &self.stats;
         s.steps.fetch_add(1, Ordering::Relaxed);
         s.decode_tokens.fetch_add(decode, Ordering::Relaxed);
@@ -750,20 +847,9 @@ impl EngineLoop {
             .fetch_add(elapsed - prefill_nanos, Ordering::Relaxed);
         self.runs.observe_step(
             prefill as usize,
-            (prefill + decode) as usize,
+            (prefill + decode + drafts) as usize,
             elapsed as f64 * 1e-9,
         );
-    }
-
-    /// Applies the tokens chosen on the device, one per sampled item in order.
-    fn on_greedy_tokens(&mut self, items: &[&PlanItem], tokens: Vec<u32>) {
-        let sampled = items.iter().filter(|item| item.sample);
-        for (item, token) in sampled.zip(tokens) {
-            if let Some(out) = self.outputs.get_mut(&item.id) {
-                let sampled = out.sampler.record(token);
-                self.on_sampled(item.id, sampled);
-            }
-        }
     }
 
     /// Scores the prompt tokens that follow a chunk's positions, from the chunk's `rows` (one
@@ -801,9 +887,11 @@ impl EngineLoop {
         let _ = out.events.try_send(Event::PromptLogprobs(entries));
     }
 
-    /// Records a sequence's next token, with any text the grammar forces after it, and tells the
+    /// Records the tokens a step gave a sequence (those sampled, with any the grammar forces
+    /// after them), takes the part of its draft they confirm into its cache, and tells the
     /// client.
-    fn on_sampled(&mut self, id: RequestId, sampled: Sampled) {
+    fn on_sampled(&mut self, item: &PlanItem, stepped: Stepped) {
+        let id = item.id;
         let Some(out) = self.outputs.get_mut(&id) else {
             return;
         };
@@ -812,43 +900,90 @@ impl EngineLoop {
             !out.sampler.has_fault(&sampler::faults::STEP),
             "fault injected into the engine loop"
         );
-        let token = sampled.token;
         if let Some(e) = out.sampler.constraint_error() {
             tracing::error!(error = %e, "constrained decoding failed");
             let error = format!("constrained decoding failed: {e}");
             return self.finish(id, FinishReason::Error, Some(&error));
         }
-        let seq = self
-            .scheduler
-            .get(id)
-            .expect("a sampled sequence is running");
-        let lane = &self.lanes[out.model];
-        let context = lane.model.config().context_length;
-        // A complete constrained answer ends even when the request ignores EOS.
-        let grammar_done = out.sampler.is_constrained() && token == lane.eos[0];
-        let stop = grammar_done || out.stop_tokens.contains(&token);
-        // What the grammar forces after this token joins it, within the answer's limits.
-        let room = (out.max_tokens.saturating_sub(seq.num_generated() + 1))
-            .min(context.saturating_sub(seq.tokens().len() + 1));
-        let mut tokens = vec![token];
-        if !stop {
-            tokens.extend(out.sampler.fast_forward(room));
+        let Stepped { sampled, forced } = stepped;
+        let last = sampled.last().expect("a step samples a token").token;
+        // Every token sampled but the last was a draft token, computed in this step.
+        let accepted = sampled.len() - 1;
+        let stop = out.stops_at(last);
+        let mut logprobs: Vec<TokenLogprob> = Vec::with_capacity(sampled.len());
+        let mut tokens: Vec<u32> = Vec::with_capacity(sampled.len() + forced.len());
+        for s in sampled {
+            tokens.push(s.token);
+            logprobs.extend(s.logprob);
+        }
+        tokens.extend(forced);
+        // The token that stops the answer is not shown; a stop string may end it sooner.
+        let shown = tokens.len() - usize::from(stop);
+        let (released, cut) = match shown {
+            0 => (0, false),
+            _ => match self.send(id, &tokens[..shown], logprobs) {
+                Some(sent) => sent,
+                None => return,
+            },
+        };
+        if cut {
+            // What drafting sampled past the stop string was never generated.
+            tokens.truncate(released);
         }
         self.scheduler.append(id, &tokens);
-        if stop {
+        if item.draft > 0 {
+            let accepted = accepted.min(tokens.len() - 1) as u64;
+            let s = &self.stats;
+            s.draft_tokens
+                .fetch_add(item.draft as u64, Ordering::Relaxed);
+            s.accepted_draft_tokens
+                .fetch_add(accepted, Ordering::Relaxed);
+            s.decode_tokens.fetch_add(accepted, Ordering::Relaxed);
+            (s.models[item.model].decode_tokens).fetch_add(accepted, Ordering::Relaxed);
+        }
+        if stop || cut {
             return self.finish(id, FinishReason::Stop, None);
         }
-        self.emit(id, tokens, sampled.logprob.into_iter().collect());
+        if item.draft > 0 {
+            self.scheduler.accept_draft(id, item.draft, accepted);
+        }
+        self.check_length(id);
     }
 
-    /// Tells the client of a sequence's new tokens (cut at a stop string), and ends the sequence
-    /// when they stop it or reach its length limit.
-    fn emit(&mut self, id: RequestId, mut tokens: Vec<u32>, logprobs: Vec<TokenLogprob>) {
-        let Some(out) = self.outputs.get_mut(&id) else {
+    /// Tells the client of a sequence's new tokens (already in the sequence), and ends the
+    /// sequence when they stop it or reach its length limit.
+    fn emit(&mut self, id: RequestId, tokens: Vec<u32>, logprobs: Vec<TokenLogprob>) {
+        match self.send(id, &tokens, logprobs) {
+            None => {}
+            Some((_, true)) => self.finish(id, FinishReason::Stop, None),
+            Some((_, false)) => self.check_length(id),
+        }
+    }
+
+    /// Ends a sequence that reached its length limit.
+    fn check_length(&mut self, id: RequestId) {
+        let (Some(out), Some(seq)) = (self.outputs.get(&id), self.scheduler.get(id)) else {
             return;
         };
+        if seq.num_generated() >= out.max_tokens
+            || seq.tokens().len() >= self.lanes[out.model].model.config().context_length
+        {
+            self.finish(id, FinishReason::Length, None);
+        }
+    }
+
+    /// Sends a sequence's new tokens to its client, cut at a stop string, with the
+    /// log-probabilities of those sent. Returns how many were sent and whether a stop string
+    /// ended the answer there; `None` when they could not be (the sequence has ended).
+    fn send(
+        &mut self,
+        id: RequestId,
+        tokens: &[u32],
+        mut logprobs: Vec<TokenLogprob>,
+    ) -> Option<(usize, bool)> {
+        let out = self.outputs.get_mut(&id)?;
         let (mut text, mut released, mut stopped) = (String::new(), 0, false);
-        for &t in &tokens {
+        for &t in tokens {
             match out.text.push(t) {
                 Ok(step) => {
                     text.push_str(&step.text);
@@ -857,31 +992,21 @@ impl EngineLoop {
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "detokenization failed");
-                    return self.finish(id, FinishReason::Error, Some("detokenization failed"));
+                    self.finish(id, FinishReason::Error, Some("detokenization failed"));
+                    return None;
                 }
             }
             if stopped {
                 break;
             }
         }
-        tokens.truncate(released);
+        logprobs.truncate(released);
         let _ = out.events.try_send(Event::Delta {
             text,
-            tokens,
+            tokens: tokens[..released].to_vec(),
             logprobs,
         });
-        if stopped {
-            return self.finish(id, FinishReason::Stop, None);
-        }
-        let seq = self
-            .scheduler
-            .get(id)
-            .expect("an emitting sequence is in the scheduler");
-        if seq.num_generated() >= out.max_tokens
-            || seq.tokens().len() >= self.lanes[out.model].model.config().context_length
-        {
-            self.finish(id, FinishReason::Length, None);
-        }
+        Some((released, stopped))
     }
 
     /// Ends a request: releases any text still held back (when the text ended normally), sends
@@ -1103,7 +1228,7 @@ fn plain_greedy(outputs: &HashMap<RequestId, Output>, items: &[&PlanItem]) -> bo
 
 /// The rows of `item` the forward pass must return.
 fn logits_of(item: &PlanItem) -> Logits {
-    match (item.prompt_logprobs, item.sample) {
+    match (item.prompt_logprobs || item.draft > 0, item.sample) {
         (true, _) => Logits::Every,
         (false, true) => Logits::Last,
         (false, false) => Logits::None,

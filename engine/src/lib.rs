@@ -35,6 +35,7 @@ pub mod runs;
 pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
+pub mod speculative;
 pub mod stop;
 #[cfg(test)]
 pub(crate) mod test_support;
@@ -60,11 +61,13 @@ pub use request::{
     CacheSalt, Event, FinishReason, GenerateRequest, Prompt, RequestId, ResponseFormat, Retention,
     RunTurn, SamplingParams, TokenLogprob, Usage,
 };
+pub use speculative::Speculative;
 
 use engine_loop::{Command, EngineLoop, Lane, LoopSetup, QueueSlot, Submission};
 use kv_cache::{HostStore, KvConfig, KvGroup, KvShape, KvStorage};
 use model::{Backend, Gguf, Llama, LlamaConfig};
 use scheduler::SchedulerConfig;
+use speculative::DraftPolicy;
 
 /// What callers need to know about the served model.
 pub struct ModelInfo {
@@ -479,6 +482,7 @@ impl EngineHandle {
             max_active_runs: (config.run_scheduling && config.max_active_runs > 0)
                 .then_some(config.max_active_runs),
             watermark_blocks: (num_blocks / 100).max(1),
+            drafts: DraftPolicy::new(config.speculative, config.speculative_step_tokens),
         };
         let (tx, rx) = std::sync::mpsc::channel();
         let pool = rayon::ThreadPoolBuilder::new()

@@ -107,6 +107,11 @@ impl Sampler {
         self.constraint.is_some()
     }
 
+    /// Whether `token` ends a constrained answer.
+    pub fn completes(&self, token: u32) -> bool {
+        self.constraint.is_some() && token == self.eos
+    }
+
     /// Why the constraint failed, if it did (the last token sampled is then meaningless).
     pub fn constraint_error(&self) -> Option<&GrammarError> {
         self.constraint_error.as_ref()

@@ -35,6 +35,7 @@ use std::collections::BTreeSet;
 use crate::kv_cache::{most_that_fit, BlockId, KvManager, PrefixHit};
 use crate::request::RequestId;
 use crate::sequence::Sequence;
+use crate::speculative::DraftPolicy;
 
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
@@ -47,6 +48,8 @@ pub struct SchedulerConfig {
     pub max_active_runs: Option<usize>,
     /// Blocks admission leaves free so running sequences can keep decoding.
     pub watermark_blocks: usize,
+    /// When decode steps carry drafts.
+    pub drafts: DraftPolicy,
 }
 
 /// One sequence's share of a step.
@@ -67,6 +70,9 @@ pub struct PlanItem {
     /// A prompt chunk of a sequence scoring its prompt: every token's logits are wanted, not
     /// only the last one's.
     pub prompt_logprobs: bool,
+    /// The last `draft` of `tokens` are a guess at what follows the sequence (a decode step's
+    /// draft): each has its logits row, and is in the cache only once sampling agrees with it.
+    pub draft: usize,
 }
 
 #[derive(Debug, Default)]
@@ -237,6 +243,7 @@ impl Scheduler {
             if self.stats.preemptions == preemptions {
                 self.admit(&mut plan, &mut budget, &mut shares);
             }
+            self.add_drafts(&mut plan, &mut budget);
             if !plan.items.is_empty() || self.running.is_empty() {
                 return plan;
             }
@@ -290,6 +297,38 @@ impl Scheduler {
                     break;
                 }
             }
+        }
+    }
+
+    /// Step 4: with the step still narrow (see [`DraftPolicy`]), decode steps carry drafts, in
+    /// the order they were planned, from the budget and the blocks the rest of the plan left
+    /// (never the watermark).
+    fn add_drafts(&mut self, plan: &mut StepPlan, budget: &mut usize) {
+        let mut width: usize = plan.items.iter().map(|it| it.tokens.len()).sum();
+        let policy = self.config.drafts;
+        for item in plan.items.iter_mut().filter(|it| it.decode) {
+            let room = policy.step_tokens.saturating_sub(width).min(*budget);
+            if room == 0 {
+                break;
+            }
+            let Some(seq) = self.running.iter_mut().find(|s| s.id == item.id) else {
+                continue;
+            };
+            let draft = seq.draft(room);
+            let end = seq.tokens().len() + draft.len();
+            let spare = self
+                .kv
+                .num_available()
+                .saturating_sub(self.config.watermark_blocks);
+            let fits = seq.blocks_for(end).saturating_sub(seq.blocks.len()) <= spare;
+            if draft.is_empty() || !fits || !seq.blocks.grow_to(end) {
+                continue;
+            }
+            item.tokens.extend_from_slice(&draft);
+            item.draft = draft.len();
+            item.blocks = seq.blocks.tables();
+            width += draft.len();
+            *budget -= draft.len();
         }
     }
 
@@ -511,6 +550,7 @@ impl Scheduler {
             sample: pos0 + n == seq.tokens().len(),
             decode,
             prompt_logprobs: seq.wants_prompt_logprobs(),
+            draft: 0,
         });
     }
 
@@ -538,12 +578,20 @@ impl Scheduler {
     }
 
     /// Records that the plan ran: its tokens are now in the cache, and the blocks they filled
-    /// are offered to the prefix cache.
+    /// are offered to the prefix cache; drafts wait for [`Scheduler::accept_draft`].
     pub fn commit(&mut self, plan: &StepPlan) {
         for item in &plan.items {
             if let Some(seq) = self.running.iter_mut().find(|s| s.id == item.id) {
-                seq.advance(item.tokens.len());
+                seq.advance(item.tokens.len() - item.draft);
             }
+        }
+    }
+
+    /// After [`Scheduler::append`]: the first `accepted` of the `drafted` tokens the sequence's
+    /// step ran were what it sampled, so they are in its cache.
+    pub fn accept_draft(&mut self, id: RequestId, drafted: usize, accepted: usize) {
+        if let Some(seq) = self.running.iter_mut().find(|s| s.id == id) {
+            seq.accept_draft(drafted, accepted);
         }
     }
 
@@ -596,12 +644,14 @@ mod tests {
     use proptest::prelude::*;
 
     use crate::kv_cache::{KvConfig, KvGroup, KvShape};
+    use crate::speculative::Drafter;
 
     fn scheduler_with(
         blocks: usize,
         budget: usize,
         host_slots: usize,
         prefix_caching: bool,
+        drafts: DraftPolicy,
     ) -> Scheduler {
         Scheduler::new(
             SchedulerConfig {
@@ -609,6 +659,7 @@ mod tests {
                 max_running: 8,
                 max_active_runs: None,
                 watermark_blocks: 1,
+                drafts,
             },
             KvManager::new(KvConfig {
                 num_blocks: blocks,
@@ -622,8 +673,10 @@ mod tests {
 
     /// No host tier, no prefix cache: preemption recomputes.
     fn scheduler(blocks: usize, budget: usize) -> Scheduler {
-        scheduler_with(blocks, budget, 0, false)
+        scheduler_with(blocks, budget, 0, false, NO_DRAFTS)
     }
+
+    const NO_DRAFTS: DraftPolicy = DraftPolicy { step_tokens: 0 };
 
     fn seq_with(s: &Scheduler, id: u64, tokens: Vec<u32>, priority: i32) -> Sequence {
         Sequence::new(RequestId(id), tokens, s.kv().table(), priority, id)
@@ -638,12 +691,20 @@ mod tests {
         )
     }
 
-    /// Runs one step as the engine loop would, sampling token 1 for every sampled item.
+    /// Runs one step as the engine loop would, sampling token 1 for every sampled item; of a
+    /// draft, a part fixed by the item's place is taken (then the token after it).
     fn step(s: &mut Scheduler) -> StepPlan {
         let plan = s.schedule();
         s.commit(&plan);
         for item in plan.items.iter().filter(|i| i.sample) {
-            s.append(item.id, &[1]);
+            let draft = &item.tokens[item.tokens.len() - item.draft..];
+            let accepted = (item.id.0 as usize + item.pos0) % (draft.len() + 1);
+            let mut tokens = draft[..accepted].to_vec();
+            tokens.push(1);
+            s.append(item.id, &tokens);
+            if item.draft > 0 {
+                s.accept_draft(item.id, item.draft, accepted);
+            }
         }
         plan
     }
@@ -867,7 +928,7 @@ mod tests {
     fn alone_a_sequence_may_take_the_watermark_too() {
         // 5 blocks of 4 tokens, 1 kept free while others run. The second turn finds the first's
         // 4 full blocks cached; the rest of it fits only in the watermark, which nobody needs.
-        let mut s = scheduler_with(5, 64, 0, true);
+        let mut s = scheduler_with(5, 64, 0, true, NO_DRAFTS);
         let prompt: Vec<u32> = (0..18).collect();
         s.add(seq_with(&s, 1, prompt.clone(), 0));
         while !step(&mut s).items[0].sample {}
@@ -882,7 +943,7 @@ mod tests {
     #[test]
     fn a_waiting_sequence_that_no_block_can_ever_serve_is_reported() {
         // Every block of the pool is pinned: nothing running will ever give one back.
-        let mut s = scheduler_with(5, 64, 0, true);
+        let mut s = scheduler_with(5, 64, 0, true, NO_DRAFTS);
         let prompt: Vec<u32> = (0..20).collect();
         s.add(seq_with(&s, 1, prompt.clone(), 0));
         while !step(&mut s).items[0].sample {}
@@ -901,7 +962,7 @@ mod tests {
 
     #[test]
     fn preemption_swaps_out_and_admission_swaps_back_in() {
-        let mut s = scheduler_with(4, 64, 8, false);
+        let mut s = scheduler_with(4, 64, 8, false, NO_DRAFTS);
         s.config.watermark_blocks = 0;
         s.add(seq(&s, 1, 7, 0));
         s.add(seq(&s, 2, 7, 0));
@@ -931,7 +992,7 @@ mod tests {
 
     #[test]
     fn admission_reuses_a_cached_prefix() {
-        let mut s = scheduler_with(16, 64, 0, true);
+        let mut s = scheduler_with(16, 64, 0, true, NO_DRAFTS);
         let shared: Vec<u32> = (0..9).collect();
         s.add(seq_with(&s, 1, shared.clone(), 0));
         step(&mut s);
@@ -951,7 +1012,7 @@ mod tests {
 
     #[test]
     fn a_sequence_wanting_prompt_logprobs_computes_its_whole_prompt_once() {
-        let mut s = scheduler_with(16, 4, 0, true);
+        let mut s = scheduler_with(16, 4, 0, true, NO_DRAFTS);
         let prompt: Vec<u32> = (0..9).collect();
         s.add(seq_with(&s, 1, prompt.clone(), 0));
         while !step(&mut s).items[0].sample {}
@@ -1056,8 +1117,9 @@ mod tests {
             host in 0usize..16,
             prefix_caching in any::<bool>(),
             shared in 0u32..100,
+            drafts in prop_oneof![Just(0usize), 1usize..24],
         ) {
-            let mut s = scheduler_with(blocks, 16, host, prefix_caching);
+            let mut s = scheduler_with(blocks, 16, host, prefix_caching, DraftPolicy { step_tokens: drafts });
             let mut next = 0;
             for op in ops {
                 match op {
@@ -1071,8 +1133,10 @@ mod tests {
                             .map(|t| if next % 2 == 0 && t < shared { t } else { t + 1000 * next as u32 })
                             .collect();
                         let table = s.kv().table().for_model(MODEL_SALTS[model], &shape(model), tokens.len());
+                        let end = tokens.len() + 40;
                         let seq = Sequence::new(RequestId(next), tokens, table, priority, next)
-                            .of_model(model);
+                            .of_model(model)
+                            .drafting(Drafter::new(end));
                         s.add(if prompt_logprobs { seq.with_prompt_logprobs() } else { seq });
                     }
                     Op::Step => {

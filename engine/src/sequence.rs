@@ -9,6 +9,7 @@ use std::cmp::Reverse;
 
 use crate::kv_cache::{BlockTable, PrefixHit, SwappedBlocks};
 use crate::request::RequestId;
+use crate::speculative::Drafter;
 
 pub struct Sequence {
     pub id: RequestId,
@@ -35,6 +36,8 @@ pub struct Sequence {
     pub arrival: u64,
     /// Output tokens admission leaves room for (the caller's expectation, up to its maximum).
     pub expected_output: usize,
+    /// Set when its decode steps may carry a draft ([`crate::speculative`]).
+    pub drafter: Option<Drafter>,
 }
 
 /// Sort key: higher priority first, then the earlier run, then first come, first served.
@@ -62,6 +65,7 @@ impl Sequence {
             run_arrival: arrival,
             arrival,
             expected_output: 0,
+            drafter: None,
         }
     }
 
@@ -93,6 +97,12 @@ impl Sequence {
     /// computed with the prompt.
     pub fn answer_starting(mut self, tokens: &[u32]) -> Self {
         self.tokens.extend_from_slice(tokens);
+        self
+    }
+
+    /// The same sequence, its decode steps drafting with `drafter`.
+    pub fn drafting(mut self, drafter: Drafter) -> Self {
+        self.drafter = Some(drafter);
         self
     }
 
@@ -179,6 +189,29 @@ impl Sequence {
         self.blocks.advance(&self.tokens, self.num_computed);
     }
 
+    /// A draft of at most `most` tokens to run after its last token (see
+    /// [`Drafter::propose`]); empty when it does not draft.
+    pub(crate) fn draft(&mut self, most: usize) -> Vec<u32> {
+        match &mut self.drafter {
+            Some(drafter) => drafter.propose(&self.tokens, most).to_vec(),
+            None => Vec::new(),
+        }
+    }
+
+    /// The first `accepted` of the `drafted` tokens its last step ran after its last token were
+    /// what it sampled: their keys and values, computed in that step, are its cache too; the
+    /// blocks only the rejected ones reached go back.
+    pub(crate) fn accept_draft(&mut self, drafted: usize, accepted: usize) {
+        if let Some(drafter) = &mut self.drafter {
+            drafter.verified(drafted, accepted);
+        }
+        if accepted > 0 {
+            self.advance(accepted);
+        }
+        // The next step computes the last token sampled: the blocks past it go back.
+        self.blocks.shrink_to(self.tokens.len());
+    }
+
     /// Appends generated tokens: the one sampled, and any the grammar forced after it.
     pub(crate) fn push_tokens(&mut self, tokens: &[u32]) {
         debug_assert_eq!(
@@ -186,6 +219,9 @@ impl Sequence {
             0,
             "tokens are appended after their step ran"
         );
+        if let (Some(drafter), Some(&first)) = (&mut self.drafter, tokens.first()) {
+            drafter.sampled(first);
+        }
         self.tokens.extend_from_slice(tokens);
     }
 

@@ -63,6 +63,8 @@ const MODEL_WAITING: &str = "swarmgate_model_waiting_sequences";
 const MODEL_KV_BLOCKS: &str = "swarmgate_model_kv_blocks";
 const MODEL_PREFILL_TOKENS: &str = "swarmgate_model_prefill_tokens_total";
 const MODEL_DECODE_TOKENS: &str = "swarmgate_model_decode_tokens_total";
+const DRAFT_TOKENS: &str = "swarmgate_draft_tokens_total";
+const ACCEPTED_DRAFT_TOKENS: &str = "swarmgate_draft_accepted_tokens_total";
 
 /// The parts of the engine's device memory, as `part` labels.
 const MEMORY_PARTS: [&str; 3] = ["weights", "kv", "activations"];
@@ -361,6 +363,12 @@ impl Metrics {
             counter(MODEL_PREFILL_TOKENS).absolute(model.prefill_tokens.load(Relaxed));
             counter(MODEL_DECODE_TOKENS).absolute(model.decode_tokens.load(Relaxed));
         }
+        for (name, n) in [
+            (DRAFT_TOKENS, &stats.draft_tokens),
+            (ACCEPTED_DRAFT_TOKENS, &stats.accepted_draft_tokens),
+        ] {
+            (inner.recorder.register_counter(&key(name, &[]), &METADATA)).absolute(n.load(Relaxed));
+        }
         // Only a GPU reports its free memory: on the CPU there is no such series.
         if let Some(free) = m.free() {
             inner
@@ -531,6 +539,14 @@ fn describe(recorder: &PrometheusRecorder) {
             "Prompt tokens the engine computed, by model.",
         ),
         (MODEL_DECODE_TOKENS, "Tokens the engine decoded, by model."),
+        (
+            DRAFT_TOKENS,
+            "Tokens decode steps ran as drafts (speculative decoding).",
+        ),
+        (
+            ACCEPTED_DRAFT_TOKENS,
+            "Draft tokens sampling agreed with, each a decode step saved.",
+        ),
         (AGENT_REQUESTS, "Swarm requests answered, by agent."),
         (
             AGENT_VERDICTS,

@@ -584,6 +584,22 @@ impl BlockTable {
         true
     }
 
+    /// Gives back the blocks past those holding the first `end` tokens (the tail a rejected
+    /// draft grew, never offered to the prefix cache: its tokens were never computed).
+    pub fn shrink_to(&mut self, end: usize) {
+        let mut s = self.kv.state.borrow_mut();
+        for g in &mut self.groups {
+            let keep = end.div_ceil(g.shape.block_size).max(g.dropped);
+            debug_assert!(
+                keep >= g.registered,
+                "a registered block holds computed tokens"
+            );
+            for b in g.blocks.drain(keep.min(g.blocks.len())..).rev() {
+                s.device.release(b);
+            }
+        }
+    }
+
     /// Gives every block back (preemption by recompute, or the end of the sequence).
     pub fn clear(&mut self) {
         let mut s = self.kv.state.borrow_mut();

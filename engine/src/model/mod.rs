@@ -30,8 +30,9 @@ pub enum Logits {
     None,
     /// The last token's, to sample the next token from.
     Last,
-    /// Every token's, to score each against the token after it (prompt log-probabilities); the
-    /// last row is still the one to sample from.
+    /// Every token's: to score each against the token after it (prompt log-probabilities), the
+    /// last row still the one to sample from; or to sample after each token of a decode step's
+    /// draft.
     Every,
 }
 

@@ -10,10 +10,13 @@
 //!   gateway adds.
 //! - [`grammar`]: cold compiles of structured requests' grammars.
 //! - [`models`]: several models on one engine, alone and together, and where the KV pool went.
+//! - [`copy`]: tasks whose answers copy from their prompts, with speculative decoding off, then
+//!   on, for what drafting saves.
 //!
 //! Everything runs on plain threads: the engine's event streams have a blocking reader, and a
 //! benchmark gains nothing from an async runtime.
 
+mod copy;
 mod grammar;
 mod models;
 mod overhead;
@@ -38,7 +41,9 @@ pub struct BenchArgs {
     /// cold compiles of the test suites' schemas and a tool envelope (--requests each,
     /// default 20); `models` runs each model of a several-model engine (--extra-model) alone
     /// and all together (--concurrency streams per model, default 16; --max-tokens default 64)
-    /// and reports decode rates and each model's share of the KV pool.
+    /// and reports decode rates and each model's share of the KV pool; `copy` runs tasks whose
+    /// answers copy from their prompts (--concurrency default 1,4; --requests per level, default
+    /// 8; --max-tokens default 160) with --speculative off, then ngram, and compares.
     #[arg(long, value_enum, default_value_t = Scenario::Sweep)]
     scenario: Scenario,
     /// Concurrency levels, comma-separated (sweep default: 1,4,16,32; shared-prefix: one
@@ -78,6 +83,7 @@ enum Scenario {
     GatewayOverhead,
     GrammarCompile,
     Models,
+    Copy,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -90,6 +96,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Scenario::GatewayOverhead => overhead::run(&args),
         Scenario::GrammarCompile => grammar::run(&args),
         Scenario::Models => models::run(&args),
+        Scenario::Copy => copy::run(&args),
     }
 }
 

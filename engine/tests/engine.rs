@@ -6,20 +6,10 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{assert_pool_whole, collect, config, request, serial, Outcome};
+use common::{assert_pool_whole, collect, config, request, serial, user_prompt, Outcome};
 use engine::{
-    ChatMessage, EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, Prompt,
-    SamplingParams,
+    EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, Prompt, SamplingParams,
 };
-
-/// `text` as a user's message, rendered by the chat template and encoded for generation.
-fn user_prompt(engine: &EngineHandle, text: &str) -> Vec<u32> {
-    engine
-        .model()
-        .encode_chat(&[ChatMessage::new("user", text)], true)
-        .unwrap()
-        .tokens
-}
 
 /// 16 chat prompts from about 5 to about 400 tokens.
 fn prompts(engine: &EngineHandle) -> Vec<Vec<u32>> {

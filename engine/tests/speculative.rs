@@ -8,10 +8,9 @@ mod common;
 
 use std::sync::atomic::Ordering;
 
-use common::{assert_pool_whole, collect, config, serial, Outcome};
+use common::{assert_pool_whole, collect, config, serial, user_prompt, Outcome};
 use engine::{
-    ChatMessage, EngineHandle, Event, GenerateRequest, Prompt, ResponseFormat, SamplingParams,
-    Speculative,
+    EngineHandle, Event, GenerateRequest, Prompt, ResponseFormat, SamplingParams, Speculative,
 };
 
 /// Prompts whose answers copy from them (a text to repeat or edit, a record to put in JSON,
@@ -38,19 +37,11 @@ fn engine(speculative: Speculative) -> EngineHandle {
     .unwrap()
 }
 
-fn chat(engine: &EngineHandle, text: &str) -> Vec<u32> {
-    engine
-        .model()
-        .encode_chat(&[ChatMessage::new("user", text)], true)
-        .unwrap()
-        .tokens
-}
-
 /// The requests compared: each prompt with every kind of sampling and output control.
 fn requests(engine: &EngineHandle) -> Vec<GenerateRequest> {
     let mut requests = Vec::new();
     for (i, text) in PROMPTS.iter().enumerate() {
-        let prompt = Prompt::Tokens(chat(engine, text));
+        let prompt = Prompt::Tokens(user_prompt(engine, text));
         let base = GenerateRequest {
             max_tokens: 48,
             ..GenerateRequest::new(prompt)

@@ -421,6 +421,19 @@ impl CustomOp1 for Linear {
     }
 }
 
+/// Calls a SIMD `panel::<B, R>` kernel with its `R` rows (`mr`, 1 to [`MR`]) as a constant.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_rows {
+    ($($panel:ident)::+, $b:expr, $mr:expr, ($($arg:expr),+)) => {
+        match $mr {
+            1 => $($panel)::+::<{ $b }, 1>($($arg),+),
+            2 => $($panel)::+::<{ $b }, 2>($($arg),+),
+            3 => $($panel)::+::<{ $b }, 3>($($arg),+),
+            _ => $($panel)::+::<{ $b }, 4>($($arg),+),
+        }
+    };
+}
+
 /// Accumulates `acc[i][j] = Σ_blocks` of row `i`'s product with feature `j` for `mr` rows and one
 /// panel.
 fn panel_kernel<const B: usize>(
@@ -433,9 +446,11 @@ fn panel_kernel<const B: usize>(
     #[cfg(target_arch = "x86_64")]
     match *x86::LEVEL {
         // SAFETY: the features were detected.
-        x86::Level::Avx512 => return unsafe { avx512::run(tiles, zero, x, mr, acc) },
+        x86::Level::Avx512 => {
+            return unsafe { by_rows!(avx512::panel, B, mr, (tiles, zero, x, acc)) }
+        }
         // SAFETY: the features were detected.
-        x86::Level::Avx2 => return unsafe { avx2::run(tiles, zero, x, mr, acc) },
+        x86::Level::Avx2 => return unsafe { by_rows!(avx2::panel, B, mr, (tiles, zero, x, acc)) },
         x86::Level::Portable => {}
     }
     portable_panel(tiles, zero, x, mr, acc)
@@ -508,25 +523,6 @@ mod avx2 {
     #[inline(always)]
     unsafe fn quad(p: *const i8) -> __m256i {
         _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
-    }
-
-    /// [`panel`] for `mr` rows.
-    ///
-    /// # Safety
-    /// The CPU has AVX2, FMA and F16C.
-    pub unsafe fn run<const B: usize>(
-        tiles: &[Tile<B>],
-        zero: i32,
-        x: RowTile,
-        mr: usize,
-        acc: &mut [[f32; NR]; MR],
-    ) {
-        match mr {
-            1 => panel::<B, 1>(tiles, zero, x, acc),
-            2 => panel::<B, 2>(tiles, zero, x, acc),
-            3 => panel::<B, 3>(tiles, zero, x, acc),
-            _ => panel::<B, 4>(tiles, zero, x, acc),
-        }
     }
 
     /// Byte products summed in pairs (`maddubs`, exact while a pair stays within an i16:
@@ -618,25 +614,6 @@ mod avx512 {
     use super::{RowTile, Tile, FOUR, LANES, MR, NR, QK};
     use half::f16;
     use std::arch::x86_64::*;
-
-    /// [`panel`] for `mr` rows.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 F, BW and VNNI.
-    pub unsafe fn run<const B: usize>(
-        tiles: &[Tile<B>],
-        zero: i32,
-        x: RowTile,
-        mr: usize,
-        acc: &mut [[f32; NR]; MR],
-    ) {
-        match mr {
-            1 => panel::<B, 1>(tiles, zero, x, acc),
-            2 => panel::<B, 2>(tiles, zero, x, acc),
-            3 => panel::<B, 3>(tiles, zero, x, acc),
-            _ => panel::<B, 4>(tiles, zero, x, acc),
-        }
-    }
 
     /// Four consecutive activation codes broadcast to every lane.
     #[inline(always)]
@@ -997,15 +974,17 @@ mod tests {
             if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
                 // SAFETY: the features were just detected.
                 matches_portable(
-                    |t, z, x, mr, acc| unsafe { avx512::run::<FOUR>(t, z, x, mr, acc) },
-                    |t, z, x, mr, acc| unsafe { avx512::run::<EIGHT>(t, z, x, mr, acc) },
+                    |t, z, x, mr, acc| unsafe { by_rows!(avx512::panel, FOUR, mr, (t, z, x, acc)) },
+                    |t, z, x, mr, acc| unsafe {
+                        by_rows!(avx512::panel, EIGHT, mr, (t, z, x, acc))
+                    },
                 );
             }
             if has!("avx2") && has!("fma") && has!("f16c") {
                 // SAFETY: the features were just detected.
                 matches_portable(
-                    |t, z, x, mr, acc| unsafe { avx2::run::<FOUR>(t, z, x, mr, acc) },
-                    |t, z, x, mr, acc| unsafe { avx2::run::<EIGHT>(t, z, x, mr, acc) },
+                    |t, z, x, mr, acc| unsafe { by_rows!(avx2::panel, FOUR, mr, (t, z, x, acc)) },
+                    |t, z, x, mr, acc| unsafe { by_rows!(avx2::panel, EIGHT, mr, (t, z, x, acc)) },
                 );
             }
         }

@@ -10,8 +10,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use engine::{
-    EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, Prompt, SamplingParams,
-    TokenLogprob,
+    ChatMessage, EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, Prompt,
+    SamplingParams, TokenLogprob,
 };
 
 /// Engines in a test binary run one at a time: each uses every core, and several at once would
@@ -35,6 +35,15 @@ pub fn config(kv_cache_mb: usize) -> EngineConfig {
         kv_cache_mb,
         ..EngineConfig::default()
     }
+}
+
+/// `text` as a user's message, rendered by the chat template and encoded for generation.
+pub fn user_prompt(engine: &EngineHandle, text: &str) -> Vec<u32> {
+    engine
+        .model()
+        .encode_chat(&[ChatMessage::new("user", text)], true)
+        .unwrap()
+        .tokens
 }
 
 /// What a request produced.

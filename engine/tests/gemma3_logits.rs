@@ -20,16 +20,22 @@ use engine::model::{Backend, DeviceWeights, Gguf};
 use serde::Deserialize;
 
 /// How much further from llama.cpp than its own two attention paths are from each other we may
-/// be. On the log-probabilities, as for SmolLM2 (1.25). On the top-1, more: Gemma's Q4_K
-/// (attention output) and Q6_K (feed-forward down) weights are still requantized to 8 bits and
-/// meet 8-bit activations per 32 inputs (llama.cpp: per 256, its Q8_K), so near-ties flip more
-/// often than llama.cpp's own two paths flip them. Measured: top-1 differs at 8 of 132 steps
-/// (llama.cpp's paths: 3), all where llama.cpp's first two candidates were within 0.221 of each
-/// other (its own flips: within 0.135); the top-5 log-probabilities differ by 0.104 in mean
-/// (its own spread 0.104), 0.319 at the 95th percentile (0.329), 0.635 at most (0.647).
+/// be. Gemma's Q4_K (attention output) and Q6_K (feed-forward down) products are computed as
+/// llama.cpp computes them (activations quantized per 256, its Q8_K; integer sums over each
+/// super-block), so where our inputs to them equal llama.cpp's bit for bit, so do their
+/// results. They seldom are: llama.cpp's own two attention paths already move its top-5
+/// log-probabilities by 0.104 in mean, and a coarser quantization turns such differences into
+/// larger ones. Measured: top-1 differs at 6 of 132 steps (llama.cpp's paths: 3), all where
+/// llama.cpp's first two candidates were within 0.221 of each other (its own flips: within
+/// 0.135); the top-5 log-probabilities differ by 0.110 in mean (its own spread 0.104), 0.329 at
+/// the 95th percentile (0.329), 1.298 at most (0.647), on a tail candidate of the one prompt
+/// where llama.cpp's own paths differ most (0.525 at that step). With these two weights
+/// requantized to 8 bits against activations per 32 instead, as before: 8 of 132, 0.104, 0.319
+/// and 0.635 — the same distance, less faithful arithmetic.
 const MARGINS: Margins = Margins {
-    top1: 3.0,
+    top1: 2.5,
     logprobs: 1.25,
+    max_logprob: 2.1,
 };
 
 #[derive(Deserialize)]
@@ -67,11 +73,10 @@ fn gemma3_logits_follow_llamacpps() {
 
 /// The device path (candle operations, here on the CPU) on the same table, its sliding windows
 /// masked in the attention operations: with the weights dequantized to f32, as a GPU holds them
-/// by default (its activations are not quantized, llama.cpp's are to 8 bits, so it stands about
-/// as far from llama.cpp as the CPU kernels do), on the four longest prompts, the one past the
-/// window among them; and with the weights kept as GGUF blocks (candle's quantized products,
-/// Gemma's fused q/k/v of two formats as two matrices) on the seven others. Margins as for the
-/// kernels, except the blocks' log-probabilities: candle's quantized products (8-bit
+/// by default (its activations are not quantized, llama.cpp's are to 8 bits), on the four
+/// longest prompts, the one past the window among them; and with the weights kept as GGUF
+/// blocks (candle's quantized products, Gemma's fused q/k/v of two formats as two matrices) on
+/// the seven others. Margins: top-1 3x, log-probabilities 1.25x, except the blocks': candle's quantized products (8-bit
 /// activations per block of the weight's format for a few rows, the weights dequantized for
 /// more) stand 1.37x llama.cpp's own largest spread away at most (0.711 against 0.519; mean
 /// 0.111 against 0.095). Few prompts: these products are slow on two cores.
@@ -81,12 +86,18 @@ fn gemma3_device_path_logits_follow_llamacpps() {
         serde_json::from_str(include_str!("fixtures/llamacpp_gemma3_logits.json")).unwrap();
     let mut cases: Vec<&Case> = table.prompts.iter().map(|e| &e.case).collect();
     cases.sort_by_key(|c| std::cmp::Reverse(c.tokens.len()));
+    let f32_weights = Margins {
+        top1: 3.0,
+        logprobs: 1.25,
+        max_logprob: 1.25,
+    };
     let blocks = Margins {
         logprobs: 1.4,
-        ..MARGINS
+        max_logprob: 1.4,
+        ..f32_weights
     };
     for (weights, cases, margins) in [
-        (DeviceWeights::F32, &cases[..4], MARGINS),
+        (DeviceWeights::F32, &cases[..4], f32_weights),
         (DeviceWeights::Quantized, &cases[4..], blocks),
     ] {
         let backend = Backend::Tensors {

@@ -65,6 +65,7 @@ fn our_logits_follow_llamacpps() {
     let margins = Margins {
         top1: MARGIN,
         logprobs: MARGIN,
+        max_logprob: MARGIN,
     };
     check(
         &mut Ours::new(Backend::Kernels),

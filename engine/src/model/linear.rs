@@ -4,8 +4,10 @@
 //! Weights stay as their GGUF blocks hold them: per block of 32 inputs, integer codes `u` with a
 //! scale `d` and an offset `m` (f16, as in the file), `w = d·(u − z) + m`, where the zero point
 //! `z` is the format's (Q4_1: 0 with its minimum as `m`; Q4_0: 8; Q8_0: 128, its signed codes
-//! shifted to unsigned; Q5_0: 16 and Q5_1: 0, their 5-bit codes held as bytes). Other formats
-//! (the K-quants) are dequantized and requantized to 8 bits (lossy, logged).
+//! shifted to unsigned; Q5_0: 16 and Q5_1: 0, their 5-bit codes held as bytes). The K-quants
+//! Q4_K, Q5_K and Q6_K keep their super-blocks of 256 ([`super::super_blocks`]); other formats,
+//! and K-quants fused with other formats, are dequantized and requantized to 8 bits (lossy,
+//! logged).
 //!
 //! Activations are quantized per row the way ggml quantizes them before its dot products (Q8_1
 //! on x86: per block of 32, `q = round_half_even(x · 127/amax)`, `d = amax/127` and `s = d·Σq`,
@@ -30,6 +32,8 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor};
 use half::f16;
 use rayon::prelude::*;
+
+use super::super_blocks::{SuperActivations, SuperTiles, QK_K};
 
 /// Output features per panel.
 pub const NR: usize = 32;
@@ -92,6 +96,8 @@ impl<const B: usize> Tile<B> {
 enum Tiles {
     Four(Vec<Tile<FOUR>>),
     Eight(Vec<Tile<EIGHT>>),
+    /// K-quant super-blocks of 256 inputs.
+    Super(SuperTiles),
 }
 
 /// `y = x W^T` for `W` of shape `[out_features, in_features]`.
@@ -169,6 +175,16 @@ impl Linear {
             }
         }
         let in_features = in_features.unwrap_or(0);
+        if let [one] = parts {
+            if let Some(tiles) = SuperTiles::from_qtensor(one)? {
+                return Ok(Self {
+                    out_features: one.shape().dims2()?.0,
+                    in_features,
+                    zero: 0,
+                    tiles: Tiles::Super(tiles),
+                });
+            }
+        }
         let mut each = parts
             .iter()
             .map(|t| blocks(t))
@@ -220,9 +236,10 @@ impl Linear {
 
     /// Bits per code.
     pub fn bits(&self) -> u32 {
-        match self.tiles {
+        match &self.tiles {
             Tiles::Four(_) => 4,
             Tiles::Eight(_) => 8,
+            Tiles::Super(t) => t.bits(),
         }
     }
 
@@ -231,6 +248,7 @@ impl Linear {
         match &self.tiles {
             Tiles::Four(t) => std::mem::size_of_val(t.as_slice()),
             Tiles::Eight(t) => std::mem::size_of_val(t.as_slice()),
+            Tiles::Super(t) => std::mem::size_of_val(t.tiles.as_slice()),
         }
     }
 
@@ -240,6 +258,7 @@ impl Linear {
         match &self.tiles {
             Tiles::Four(t) => self.row_of(t, feature),
             Tiles::Eight(t) => self.row_of(t, feature),
+            Tiles::Super(t) => t.row(feature, self.in_features),
         }
     }
 
@@ -268,16 +287,47 @@ impl Linear {
         let rows = x.len() / k;
         assert_eq!(x.len(), rows * k, "input is not a whole number of rows");
         assert_eq!(dst.len(), rows * n, "output size mismatch");
-        let acts = Activations::quantize(x);
         match &self.tiles {
-            Tiles::Four(t) => self.matmul_tiles(t, &acts, dst),
-            Tiles::Eight(t) => self.matmul_tiles(t, &acts, dst),
+            Tiles::Four(t) => self.matmul_tiles(t, x, rows, dst),
+            Tiles::Eight(t) => self.matmul_tiles(t, x, rows, dst),
+            Tiles::Super(t) => {
+                let acts = SuperActivations::quantize(x);
+                let kb = k / QK_K;
+                self.by_panels(k / QK, rows, dst, |panel, r0, mr, acc| {
+                    let tiles = &t.tiles[panel * kb..(panel + 1) * kb];
+                    t.panel(tiles, acts.rows(r0, mr, k), mr, acc)
+                })
+            }
         }
     }
 
-    fn matmul_tiles<const B: usize>(&self, tiles: &[Tile<B>], acts: &Activations, dst: &mut [f32]) {
-        let (k, n) = (self.in_features, self.out_features);
-        let (kb, rows) = (k / QK, acts.codes.len() / k);
+    fn matmul_tiles<const B: usize>(
+        &self,
+        tiles: &[Tile<B>],
+        x: &[f32],
+        rows: usize,
+        dst: &mut [f32],
+    ) {
+        let (k, zero) = (self.in_features, self.zero);
+        let kb = k / QK;
+        let acts = Activations::quantize(x);
+        self.by_panels(kb, rows, dst, |panel, r0, mr, acc| {
+            let tiles = &tiles[panel * kb..(panel + 1) * kb];
+            panel_kernel(tiles, zero, acts.rows(r0, mr, k), mr, acc)
+        })
+    }
+
+    /// Runs `kernel(panel, r0, mr, acc)` for every panel of output features and every tile of
+    /// up to [`MR`] rows, in parallel, and writes each tile's sums to `dst`. `kb`: blocks of 32
+    /// inputs, the measure of a panel's work.
+    fn by_panels(
+        &self,
+        kb: usize,
+        rows: usize,
+        dst: &mut [f32],
+        kernel: impl Fn(usize, usize, usize, &mut [[f32; NR]; MR]) + Sync,
+    ) {
+        let n = self.out_features;
         let dst_ptr = SendPtr(dst.as_mut_ptr());
         let panels = n.div_ceil(NR);
         // Enough work per task to amortise scheduling (about MIN_TASK_TILES tiles of 32 x 32
@@ -288,17 +338,12 @@ impl Linear {
             .into_par_iter()
             .with_min_len(min_len)
             .for_each(|panel| {
-                let tiles = &tiles[panel * kb..(panel + 1) * kb];
                 let cols = NR.min(n - panel * NR);
                 let mut r0 = 0;
                 while r0 < rows {
                     let mr = MR.min(rows - r0);
                     let mut acc = [[0f32; NR]; MR];
-                    let tile_rows = RowTile {
-                        codes: &acts.codes[r0 * k..(r0 + mr) * k],
-                        scales: &acts.scales[r0 * kb..(r0 + mr) * kb],
-                    };
-                    panel_kernel(tiles, self.zero, tile_rows, mr, &mut acc);
+                    kernel(panel, r0, mr, &mut acc);
                     for (i, acc_row) in acc.iter().enumerate().take(mr) {
                         // SAFETY: each (row, panel) output range is written by exactly one task.
                         unsafe {
@@ -355,6 +400,15 @@ impl Activations {
             .with_min_len(1024)
             .for_each(|((q, scale), x)| *scale = quantize_block(x, q));
         Self { codes, scales }
+    }
+
+    /// Rows `r0..r0 + mr` of rows of `k` inputs.
+    fn rows(&self, r0: usize, mr: usize, k: usize) -> RowTile<'_> {
+        let kb = k / QK;
+        RowTile {
+            codes: &self.codes[r0 * k..(r0 + mr) * k],
+            scales: &self.scales[r0 * kb..(r0 + mr) * kb],
+        }
     }
 }
 
@@ -488,7 +542,7 @@ fn portable_panel<const B: usize>(
 
 /// Which kernel the CPU runs, detected once.
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use std::arch::is_x86_feature_detected as has;
     use std::sync::LazyLock;
 

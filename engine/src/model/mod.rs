@@ -14,6 +14,7 @@ pub mod gguf;
 pub mod linear;
 pub mod llama;
 mod paged_kernel;
+mod super_blocks;
 pub mod tokenizer;
 
 pub use attention::{DecodeAttention, SeqSlice};

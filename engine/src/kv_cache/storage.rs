@@ -21,6 +21,7 @@
 use candle_core::{DType, Device, Tensor};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+use half::vec::HalfBitsVecExt;
 
 use super::transfer::{Copier, Download, Upload, MAX_IN_FLIGHT, MAX_TRANSFER_BYTES};
 use super::{BlockId, CopyOp, HostSlot};
@@ -749,7 +750,9 @@ impl HostStore {
         };
         let len = slots * slab;
         let data = match layout.dtype {
-            KvDtype::F16 => HostData::F16(vec![f16::ZERO; len]),
+            // Zeros from the allocator, mapped as slots fill (unlike the device pool's, which
+            // are committed up front): an idle host tier costs no memory.
+            KvDtype::F16 => HostData::F16(vec![0u16; len].reinterpret_into()),
             KvDtype::F32 => HostData::F32(vec![0f32; len]),
         };
         Self { layout, slab, data }

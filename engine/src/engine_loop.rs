@@ -781,9 +781,18 @@ impl EngineLoop {
     fn sample(&mut self, to_sample: Vec<(&PlanItem, Picks)>) {
         let mut work = Vec::with_capacity(to_sample.len());
         for (item, picks) in to_sample {
-            let (Some(out), Some(seq)) =
-                (self.outputs.remove(&item.id), self.scheduler.get(item.id))
-            else {
+            let Some(seq) = self.scheduler.get(item.id) else {
+                // Every sampled item's sequence is running; were one not, its request ends
+                // with an error rather than without a final event.
+                tracing::error!(id = item.id.0, "a sampled sequence is not running");
+                self.finish(
+                    item.id,
+                    FinishReason::Error,
+                    Some("internal error: sequence lost"),
+                );
+                continue;
+            };
+            let Some(out) = self.outputs.remove(&item.id) else {
                 continue;
             };
             let context = self.lanes[out.model].model.config().context_length;

@@ -9,9 +9,11 @@
 //! over its super-blocks: bit-identical whatever the batch, and the same in every instruction set
 //! (one kernel, compiled for each; integer sums are exact and `mul_add` is one rounding).
 //!
-//! Layout: per panel of [`NR`] output features and super-block one [`SuperTile`], everything
-//! feature-minor so the kernel's inner loop runs across the panel's 32 features; sub-blocks are
-//! held as 16 inputs each (a 32-input sub-block's scale twice), codes as bytes.
+//! Layout: per panel of [`NR`] output features and super-block one [`SuperTile`]: scales
+//! feature-minor, sub-blocks held as 16 inputs each (a 32-input sub-block's scale twice), codes
+//! as bytes in the order the VNNI instruction reads them (16 features × 4 consecutive inputs
+//! per 64-byte vector), so a sub-block's dot products are exact integer instructions: AVX-512
+//! VNNI, or on AVX2 byte products summed in pairs then in fours.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
@@ -44,7 +46,8 @@ pub struct SuperTile {
     dmin: [f32; NR],
     sc: [[i16; NR]; SUBS],
     m: [[i16; NR]; SUBS],
-    q: [[u8; NR]; QK_K],
+    /// Codes, at [`SuperTile::place`].
+    q: [u8; QK_K * NR],
 }
 
 impl SuperTile {
@@ -53,9 +56,22 @@ impl SuperTile {
         dmin: [0.0; NR],
         sc: [[0; NR]; SUBS],
         m: [[0; NR]; SUBS],
-        q: [[0; NR]; QK_K],
+        q: [0; QK_K * NR],
     };
+
+    /// Where feature `lane`'s code for input `i` lies: inputs in fours, each four as two 64-byte
+    /// vectors (features 0-15, then 16-31) of 4 bytes a feature.
+    fn place(i: usize, lane: usize) -> usize {
+        ((i / 4) * 2 + lane / LANES) * 64 + (lane % LANES) * 4 + i % 4
+    }
+
+    fn code(&self, i: usize, lane: usize) -> i32 {
+        self.q[Self::place(i, lane)] as i32
+    }
 }
+
+/// Features per 64-byte vector of codes.
+const LANES: usize = 16;
 
 /// One output feature's super-block as read from the file.
 struct SuperRow {
@@ -104,7 +120,7 @@ impl SuperTiles {
                     tile.m[h][lane] = s.m[h];
                 }
                 for (i, &u) in s.u.iter().enumerate() {
-                    tile.q[i][lane] = u;
+                    tile.q[SuperTile::place(i, lane)] = u;
                 }
             }
         }
@@ -126,7 +142,7 @@ impl SuperTiles {
         let mut out = Vec::with_capacity(in_features);
         for t in &self.tiles[panel * kb..(panel + 1) * kb] {
             for i in 0..QK_K {
-                let (sc, u) = (t.sc[i / SUB][lane] as f32, t.q[i][lane] as f32);
+                let (sc, u) = (t.sc[i / SUB][lane] as f32, t.code(i, lane) as f32);
                 out.push(match self.format {
                     Format::Min { .. } => {
                         t.d[lane] * sc * u - t.dmin[lane] * t.m[i / SUB][lane] as f32
@@ -145,43 +161,35 @@ impl SuperTiles {
         #[cfg(target_arch = "x86_64")]
         match *x86::LEVEL {
             // SAFETY: the features were detected.
-            x86::Level::Avx512 => return unsafe { panel_avx512(tiles, fold, x, mr, acc) },
+            x86::Level::Avx512 => {
+                return unsafe { by_rows!(avx512::panel, mr, (tiles, fold, x, acc)) }
+            }
             // SAFETY: the features were detected.
-            x86::Level::Avx2 => return unsafe { panel_avx2(tiles, fold, x, mr, acc) },
+            x86::Level::Avx2 => return unsafe { by_rows!(avx2::panel, mr, (tiles, fold, x, acc)) },
             x86::Level::Portable => {}
         }
         panel_body(tiles, fold, x, mr, acc)
     }
 }
 
+/// Calls a SIMD `panel::<R>` kernel with its `R` rows (`mr`, 1 to [`MR`]) as a constant.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-unsafe fn panel_avx512(
-    tiles: &[SuperTile],
-    fold: bool,
-    x: SuperRows,
-    mr: usize,
-    acc: &mut [[f32; NR]; MR],
-) {
-    panel_body(tiles, fold, x, mr, acc)
+macro_rules! by_rows {
+    ($($panel:ident)::+, $mr:expr, ($($arg:expr),+)) => {
+        match $mr {
+            1 => $($panel)::+::<1>($($arg),+),
+            2 => $($panel)::+::<2>($($arg),+),
+            3 => $($panel)::+::<3>($($arg),+),
+            _ => $($panel)::+::<4>($($arg),+),
+        }
+    };
 }
-
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn panel_avx2(
-    tiles: &[SuperTile],
-    fold: bool,
-    x: SuperRows,
-    mr: usize,
-    acc: &mut [[f32; NR]; MR],
-) {
-    panel_body(tiles, fold, x, mr, acc)
-}
+use by_rows;
 
-/// The kernel, written for the compiler to vectorize across the 32 features. Integer sums are
+/// The reference semantics of the kernel; the SIMD versions give its bits. Integer sums are
 /// exact (a sub-block's `Σu·q` is at most 16·63·127, times `sc` ≤ 127, sixteen of them: under
-/// 2^31), so every instruction set gives the same bits.
-#[inline(always)]
+/// 2^31).
 fn panel_body(tiles: &[SuperTile], fold: bool, x: SuperRows, mr: usize, acc: &mut [[f32; NR]; MR]) {
     let kb = tiles.len();
     let k = kb * QK_K;
@@ -196,11 +204,10 @@ fn panel_body(tiles: &[SuperTile], fold: bool, x: SuperRows, mr: usize, acc: &mu
                 let mut dot = [0i32; NR];
                 // Wrapping operations: none wraps (see above), and unchecked they vectorize in
                 // builds with overflow checks too.
-                let span = h * SUB..(h + 1) * SUB;
-                for (&q, us) in codes[span.clone()].iter().zip(&t.q[span]) {
+                for (i, &q) in codes.iter().enumerate().skip(h * SUB).take(SUB) {
                     let q = q as i32;
-                    for (dot, &u) in dot.iter_mut().zip(us) {
-                        *dot = dot.wrapping_add((u as i32).wrapping_mul(q));
+                    for (lane, dot) in dot.iter_mut().enumerate() {
+                        *dot = dot.wrapping_add(t.code(i, lane).wrapping_mul(q));
                     }
                 }
                 let bsum = scale.bsums[h];
@@ -220,6 +227,176 @@ fn panel_body(tiles: &[SuperTile], fold: bool, x: SuperRows, mr: usize, acc: &mu
             }
         }
         *acc_row = out;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{SuperRows, SuperTile, MR, NR, QK_K, SUB, SUBS};
+    use std::arch::x86_64::*;
+
+    /// Sixteen i16 as i32.
+    #[inline(always)]
+    unsafe fn wide(p: *const i16) -> __m512i {
+        _mm512_cvtepi16_epi32(_mm256_loadu_si256(p.cast()))
+    }
+
+    /// `-x`, bit for bit (a zero keeps its sign flipped, as negation does).
+    #[inline(always)]
+    unsafe fn neg(x: __m512) -> __m512 {
+        let sign = _mm512_set1_epi32(i32::MIN);
+        _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), sign))
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn panel<const R: usize>(
+        tiles: &[SuperTile],
+        fold: bool,
+        x: SuperRows,
+        acc: &mut [[f32; NR]; MR],
+    ) {
+        let kb = tiles.len();
+        let k = kb * QK_K;
+        debug_assert!(x.codes.len() >= R * k && x.scales.len() >= R * kb);
+        let xp = x.codes.as_ptr();
+        let mut out = [[_mm512_setzero_ps(); 2]; R];
+        for (b, t) in tiles.iter().enumerate() {
+            let q = t.q.as_ptr();
+            let mut sumi = [[_mm512_setzero_si512(); 2]; R];
+            let mut summ = [[_mm512_setzero_si512(); 2]; R];
+            for h in 0..SUBS {
+                let mut dot = [[_mm512_setzero_si512(); 2]; R];
+                for g in 0..SUB / 4 {
+                    let at = q.add((h * 4 + g) * 128);
+                    let w = [
+                        _mm512_load_si512(at.cast()),
+                        _mm512_load_si512(at.add(64).cast()),
+                    ];
+                    for (i, dot) in dot.iter_mut().enumerate() {
+                        let four = xp.add(i * k + b * QK_K + h * SUB + 4 * g);
+                        let xq = _mm512_set1_epi32(four.cast::<i32>().read_unaligned());
+                        for half in 0..2 {
+                            dot[half] = _mm512_dpbusd_epi32(dot[half], w[half], xq);
+                        }
+                    }
+                }
+                let sc = [wide(t.sc[h].as_ptr()), wide(t.sc[h].as_ptr().add(16))];
+                let m = [wide(t.m[h].as_ptr()), wide(t.m[h].as_ptr().add(16))];
+                for i in 0..R {
+                    let bsum = _mm512_set1_epi32(x.scales.get_unchecked(i * kb + b).bsums[h]);
+                    for half in 0..2 {
+                        let scaled = _mm512_mullo_epi32(sc[half], dot[i][half]);
+                        sumi[i][half] = _mm512_add_epi32(sumi[i][half], scaled);
+                        let mins = _mm512_mullo_epi32(m[half], bsum);
+                        summ[i][half] = _mm512_add_epi32(summ[i][half], mins);
+                    }
+                }
+            }
+            for i in 0..R {
+                let dx = x.scales.get_unchecked(i * kb + b).d;
+                for half in 0..2 {
+                    let d = _mm512_mul_ps(
+                        _mm512_loadu_ps(t.d.as_ptr().add(16 * half)),
+                        _mm512_set1_ps(dx),
+                    );
+                    if fold {
+                        let total = _mm512_sub_epi32(sumi[i][half], summ[i][half]);
+                        out[i][half] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), d, out[i][half]);
+                    } else {
+                        let dmin = _mm512_loadu_ps(t.dmin.as_ptr().add(16 * half));
+                        let dm = neg(_mm512_mul_ps(_mm512_set1_ps(dx), dmin));
+                        out[i][half] =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[i][half]), d, out[i][half]);
+                        out[i][half] =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(summ[i][half]), dm, out[i][half]);
+                    }
+                }
+            }
+        }
+        for i in 0..R {
+            _mm512_storeu_ps(acc[i].as_mut_ptr(), out[i][0]);
+            _mm512_storeu_ps(acc[i].as_mut_ptr().add(16), out[i][1]);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{SuperRows, SuperTile, MR, NR, QK_K, SUB, SUBS};
+    use std::arch::x86_64::*;
+
+    /// Features per vector of sums (8 × i32 in 256 bits).
+    const LANES: usize = 8;
+
+    /// Eight i16 as i32.
+    #[inline(always)]
+    unsafe fn wide(p: *const i16) -> __m256i {
+        _mm256_cvtepi16_epi32(_mm_loadu_si128(p.cast()))
+    }
+
+    /// The kernel for 8 features at a time. A code below 64 times an activation within ±127,
+    /// summed in pairs (`maddubs`), stays within an i16 (16,002), so the sums of four (`madd`
+    /// with ones) are exact.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn panel<const R: usize>(
+        tiles: &[SuperTile],
+        fold: bool,
+        x: SuperRows,
+        acc: &mut [[f32; NR]; MR],
+    ) {
+        let kb = tiles.len();
+        let k = kb * QK_K;
+        debug_assert!(x.codes.len() >= R * k && x.scales.len() >= R * kb);
+        let xp = x.codes.as_ptr();
+        let ones = _mm256_set1_epi16(1);
+        let sign = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
+        for g8 in 0..NR / LANES {
+            // Features 8·g8.. are 64-byte half `g8 / 2` of each four inputs, its 32 bytes `g8 % 2`.
+            let part = (g8 / 2) * 64 + (g8 % 2) * 32;
+            let lanes = g8 * LANES;
+            let mut out = [_mm256_setzero_ps(); R];
+            for (b, t) in tiles.iter().enumerate() {
+                let q = t.q.as_ptr();
+                let mut sumi = [_mm256_setzero_si256(); R];
+                let mut summ = [_mm256_setzero_si256(); R];
+                for h in 0..SUBS {
+                    let mut dot = [_mm256_setzero_si256(); R];
+                    for g in 0..SUB / 4 {
+                        let w = _mm256_load_si256(q.add((h * 4 + g) * 128 + part).cast());
+                        for (i, dot) in dot.iter_mut().enumerate() {
+                            let four = xp.add(i * k + b * QK_K + h * SUB + 4 * g);
+                            let xq = _mm256_set1_epi32(four.cast::<i32>().read_unaligned());
+                            let pairs = _mm256_maddubs_epi16(w, xq);
+                            *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
+                        }
+                    }
+                    let sc = wide(t.sc[h].as_ptr().add(lanes));
+                    let m = wide(t.m[h].as_ptr().add(lanes));
+                    for i in 0..R {
+                        let bsum = _mm256_set1_epi32(x.scales.get_unchecked(i * kb + b).bsums[h]);
+                        sumi[i] = _mm256_add_epi32(sumi[i], _mm256_mullo_epi32(sc, dot[i]));
+                        summ[i] = _mm256_add_epi32(summ[i], _mm256_mullo_epi32(m, bsum));
+                    }
+                }
+                for i in 0..R {
+                    let dx = x.scales.get_unchecked(i * kb + b).d;
+                    let d =
+                        _mm256_mul_ps(_mm256_loadu_ps(t.d.as_ptr().add(lanes)), _mm256_set1_ps(dx));
+                    if fold {
+                        let total = _mm256_sub_epi32(sumi[i], summ[i]);
+                        out[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), d, out[i]);
+                    } else {
+                        let dmin = _mm256_loadu_ps(t.dmin.as_ptr().add(lanes));
+                        let dm = _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(dx), dmin), sign);
+                        out[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[i]), d, out[i]);
+                        out[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(summ[i]), dm, out[i]);
+                    }
+                }
+            }
+            for i in 0..R {
+                _mm256_storeu_ps(acc[i].as_mut_ptr().add(lanes), out[i]);
+            }
+        }
     }
 }
 
@@ -447,16 +624,17 @@ mod tests {
                 {
                     use std::arch::is_x86_feature_detected as has;
                     let mut b = [[0f32; NR]; MR];
-                    if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni")
-                    {
+                    if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
+                        let rows = acts.rows(0, mr, k);
                         // SAFETY: the features were just detected.
-                        unsafe { panel_avx512(tiles, fold, acts.rows(0, mr, k), mr, &mut b) };
-                        assert_eq!(a[..mr], b[..mr], "{dtype:?} AVX-512");
+                        unsafe { by_rows!(avx512::panel, mr, (tiles, fold, rows, &mut b)) };
+                        assert_eq!(a[..mr], b[..mr], "{dtype:?} AVX-512, {mr} rows");
                     }
                     if has!("avx2") && has!("fma") {
+                        let rows = acts.rows(0, mr, k);
                         // SAFETY: the features were just detected.
-                        unsafe { panel_avx2(tiles, fold, acts.rows(0, mr, k), mr, &mut b) };
-                        assert_eq!(a[..mr], b[..mr], "{dtype:?} AVX2");
+                        unsafe { by_rows!(avx2::panel, mr, (tiles, fold, rows, &mut b)) };
+                        assert_eq!(a[..mr], b[..mr], "{dtype:?} AVX2, {mr} rows");
                     }
                 }
             }

@@ -6,8 +6,8 @@
 //! product sums `sc·Σu·q` over the super-block in integers and scales it once: `d_w·d_x·Σ` (and
 //! `dmin·d_x·Σm·bsum` for the minimums, Q6_K's `32` folded into the integer sum). Here the same
 //! integers and the same scale products, each output one fixed-order fused multiply-add chain
-//! over its super-blocks: bit-identical whatever the batch, and the same in every instruction set
-//! (one kernel, compiled for each; integer sums are exact and `mul_add` is one rounding).
+//! over its super-blocks: bit-identical whatever the batch, and the SIMD kernels the portable
+//! one bit for bit (integer sums are exact, each float step one rounding in the same order).
 //!
 //! Layout: per panel of [`NR`] output features and super-block one [`SuperTile`]: scales
 //! feature-minor, sub-blocks held as 16 inputs each (a 32-input sub-block's scale twice), codes
@@ -103,7 +103,7 @@ impl SuperTiles {
         let (n, k) = t.shape().dims2()?;
         let kb = k / QK_K;
         let data = t.data()?;
-        if k % QK_K != 0 || data.len() != n * kb * bytes {
+        if k == 0 || k % QK_K != 0 || data.len() != n * kb * bytes {
             candle_core::bail!("unexpected {:?} tensor of {n}x{k}", t.dtype());
         }
         let panels = n.div_ceil(NR);
@@ -168,7 +168,7 @@ impl SuperTiles {
             x86::Level::Avx2 => return unsafe { by_rows!(avx2::panel, mr, (tiles, fold, x, acc)) },
             x86::Level::Portable => {}
         }
-        panel_body(tiles, fold, x, mr, acc)
+        portable_panel(tiles, fold, x, mr, acc)
     }
 }
 
@@ -190,7 +190,13 @@ use by_rows;
 /// The reference semantics of the kernel; the SIMD versions give its bits. Integer sums are
 /// exact (a sub-block's `Σu·q` is at most 16·63·127, times `sc` ≤ 127, sixteen of them: under
 /// 2^31).
-fn panel_body(tiles: &[SuperTile], fold: bool, x: SuperRows, mr: usize, acc: &mut [[f32; NR]; MR]) {
+fn portable_panel(
+    tiles: &[SuperTile],
+    fold: bool,
+    x: SuperRows,
+    mr: usize,
+    acc: &mut [[f32; NR]; MR],
+) {
     let kb = tiles.len();
     let k = kb * QK_K;
     for (i, acc_row) in acc.iter_mut().enumerate().take(mr) {
@@ -619,7 +625,7 @@ mod tests {
             let tiles = &t.tiles[..k / QK_K];
             for mr in 1..=MR {
                 let mut a = [[0f32; NR]; MR];
-                panel_body(tiles, fold, acts.rows(0, mr, k), mr, &mut a);
+                portable_panel(tiles, fold, acts.rows(0, mr, k), mr, &mut a);
                 #[cfg(target_arch = "x86_64")]
                 {
                     use std::arch::is_x86_feature_detected as has;

@@ -10,6 +10,19 @@ use std::sync::{Arc, OnceLock};
 use candle_core::quantized::gguf_file::Content;
 use tokenizers::Tokenizer;
 
+/// `len` pseudo-random values in -0.5..0.5, the same for the same seed.
+pub(crate) fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..len)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        })
+        .collect()
+}
+
 /// The instruct model every engine unit test uses.
 pub(crate) const SMOLLM2_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 

@@ -330,19 +330,8 @@ fn run_body<V: Lanes>(d: &Dense, xp: &[f32], m: usize, panels: Range<usize>, out
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::values;
     use proptest::prelude::*;
-
-    fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..len)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-            })
-            .collect()
-    }
 
     /// The definition, in f64.
     fn naive(x: &[f32], w: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {

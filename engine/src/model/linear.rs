@@ -881,19 +881,8 @@ impl Linear {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::values;
     use proptest::prelude::*;
-
-    fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..len)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-            })
-            .collect()
-    }
 
     fn layer(n: usize, k: usize, seed: u64) -> Linear {
         Linear::from_f32(&values(n * k, seed), n, k)
@@ -938,8 +927,12 @@ mod tests {
             (GgmlDType::Q5_0, 8),
             (GgmlDType::Q5_1, 8),
             (GgmlDType::Q8_0, 8),
+            (GgmlDType::Q4K, 4),
+            (GgmlDType::Q5K, 5),
+            (GgmlDType::Q6K, 6),
         ] {
-            let (q, lin) = gguf_layer(dtype, 40, 64, 5);
+            // 256 inputs: one K-quant super-block.
+            let (q, lin) = gguf_layer(dtype, 40, 256, 5);
             assert_eq!(lin.bits(), bits);
             let expect = q
                 .dequantize(&Device::Cpu)

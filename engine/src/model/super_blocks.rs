@@ -543,42 +543,15 @@ fn q6k(b: &[u8]) -> SuperRow {
 mod tests {
     use super::super::linear::Linear;
     use super::*;
+    use crate::test_support::values;
     use candle_core::{Device, Tensor};
 
     const FORMATS: [GgmlDType; 3] = [GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K];
-
-    fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..len)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-            })
-            .collect()
-    }
 
     /// A weight in `dtype` through candle's quantizer.
     fn weight(dtype: GgmlDType, n: usize, k: usize, seed: u64) -> QTensor {
         let w = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
         QTensor::quantize(&w, dtype).unwrap()
-    }
-
-    #[test]
-    fn codes_and_scales_are_read_as_ggml_writes_them() {
-        for dtype in FORMATS {
-            let q = weight(dtype, 40, 512, 5);
-            let lin = Linear::from_qtensor(&q).unwrap();
-            let expect = q
-                .dequantize(&Device::Cpu)
-                .unwrap()
-                .to_vec2::<f32>()
-                .unwrap();
-            for (j, row) in expect.iter().enumerate() {
-                assert_eq!(&lin.row(j), row, "{dtype:?} row {j}");
-            }
-        }
     }
 
     /// Each output is `Σ w·d_x·q` over the dequantized weights and activations, up to f32

@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use candle_core::quantized::gguf_file::Content;
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
 use tokenizers::Tokenizer;
 
 /// `len` pseudo-random values in -0.5..0.5, the same for the same seed.
@@ -21,6 +23,12 @@ pub(crate) fn values(len: usize, seed: u64) -> Vec<f32> {
             ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
         })
         .collect()
+}
+
+/// A `[n, k]` weight of `values(n * k, seed)` in `dtype`, through candle's quantizer.
+pub(crate) fn quantized(dtype: GgmlDType, n: usize, k: usize, seed: u64) -> QTensor {
+    let w = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
+    QTensor::quantize(&w, dtype).unwrap()
 }
 
 /// The instruct model every engine unit test uses.

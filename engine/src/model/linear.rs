@@ -483,18 +483,21 @@ impl CustomOp1 for Linear {
     }
 }
 
-/// Calls a SIMD `panel::<B, R>` kernel with its `R` rows (`mr`, 1 to [`MR`]) as a constant.
+/// Calls a SIMD `panel::<..., R>` kernel (its other const generics in brackets) with its `R`
+/// rows (`mr`, 1 to [`MR`]) as a constant.
 #[cfg(target_arch = "x86_64")]
 macro_rules! by_rows {
-    ($($panel:ident)::+, $b:expr, $mr:expr, ($($arg:expr),+)) => {
+    ($($panel:ident)::+, [$($g:expr),*], $mr:expr, ($($arg:expr),+)) => {
         match $mr {
-            1 => $($panel)::+::<{ $b }, 1>($($arg),+),
-            2 => $($panel)::+::<{ $b }, 2>($($arg),+),
-            3 => $($panel)::+::<{ $b }, 3>($($arg),+),
-            _ => $($panel)::+::<{ $b }, 4>($($arg),+),
+            1 => $($panel)::+::<$({ $g },)* 1>($($arg),+),
+            2 => $($panel)::+::<$({ $g },)* 2>($($arg),+),
+            3 => $($panel)::+::<$({ $g },)* 3>($($arg),+),
+            _ => $($panel)::+::<$({ $g },)* 4>($($arg),+),
         }
     };
 }
+#[cfg(target_arch = "x86_64")]
+pub(super) use by_rows;
 
 /// Accumulates `acc[i][j] = Σ_blocks` of row `i`'s product with feature `j` for `mr` rows and one
 /// panel.
@@ -509,10 +512,12 @@ fn panel_kernel<const B: usize>(
     match *x86::LEVEL {
         // SAFETY: the features were detected.
         x86::Level::Avx512 => {
-            return unsafe { by_rows!(avx512::panel, B, mr, (tiles, zero, x, acc)) }
+            return unsafe { by_rows!(avx512::panel, [B], mr, (tiles, zero, x, acc)) }
         }
         // SAFETY: the features were detected.
-        x86::Level::Avx2 => return unsafe { by_rows!(avx2::panel, B, mr, (tiles, zero, x, acc)) },
+        x86::Level::Avx2 => {
+            return unsafe { by_rows!(avx2::panel, [B], mr, (tiles, zero, x, acc)) }
+        }
         x86::Level::Portable => {}
     }
     portable_panel(tiles, zero, x, mr, acc)
@@ -881,7 +886,7 @@ impl Linear {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::values;
+    use crate::test_support::{quantized, values};
     use proptest::prelude::*;
 
     fn layer(n: usize, k: usize, seed: u64) -> Linear {
@@ -890,8 +895,7 @@ mod tests {
 
     /// A layer in a GGUF format, through candle's quantizer.
     fn gguf_layer(dtype: GgmlDType, n: usize, k: usize, seed: u64) -> (QTensor, Linear) {
-        let w = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
-        let q = QTensor::quantize(&w, dtype).unwrap();
+        let q = quantized(dtype, n, k, seed);
         let lin = Linear::from_qtensor(&q).unwrap();
         (q, lin)
     }
@@ -1029,17 +1033,21 @@ mod tests {
             if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
                 // SAFETY: the features were just detected.
                 matches_portable(
-                    |t, z, x, mr, acc| unsafe { by_rows!(avx512::panel, FOUR, mr, (t, z, x, acc)) },
                     |t, z, x, mr, acc| unsafe {
-                        by_rows!(avx512::panel, EIGHT, mr, (t, z, x, acc))
+                        by_rows!(avx512::panel, [FOUR], mr, (t, z, x, acc))
+                    },
+                    |t, z, x, mr, acc| unsafe {
+                        by_rows!(avx512::panel, [EIGHT], mr, (t, z, x, acc))
                     },
                 );
             }
             if has!("avx2") && has!("fma") && has!("f16c") {
                 // SAFETY: the features were just detected.
                 matches_portable(
-                    |t, z, x, mr, acc| unsafe { by_rows!(avx2::panel, FOUR, mr, (t, z, x, acc)) },
-                    |t, z, x, mr, acc| unsafe { by_rows!(avx2::panel, EIGHT, mr, (t, z, x, acc)) },
+                    |t, z, x, mr, acc| unsafe { by_rows!(avx2::panel, [FOUR], mr, (t, z, x, acc)) },
+                    |t, z, x, mr, acc| unsafe {
+                        by_rows!(avx2::panel, [EIGHT], mr, (t, z, x, acc))
+                    },
                 );
             }
         }

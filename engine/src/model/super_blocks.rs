@@ -19,7 +19,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
 #[cfg(target_arch = "x86_64")]
-use super::linear::x86;
+use super::linear::{by_rows, x86};
 use super::linear::{MR, NR};
 
 /// Inputs per super-block.
@@ -162,30 +162,17 @@ impl SuperTiles {
         match *x86::LEVEL {
             // SAFETY: the features were detected.
             x86::Level::Avx512 => {
-                return unsafe { by_rows!(avx512::panel, mr, (tiles, fold, x, acc)) }
+                return unsafe { by_rows!(avx512::panel, [], mr, (tiles, fold, x, acc)) }
             }
             // SAFETY: the features were detected.
-            x86::Level::Avx2 => return unsafe { by_rows!(avx2::panel, mr, (tiles, fold, x, acc)) },
+            x86::Level::Avx2 => {
+                return unsafe { by_rows!(avx2::panel, [], mr, (tiles, fold, x, acc)) }
+            }
             x86::Level::Portable => {}
         }
         portable_panel(tiles, fold, x, mr, acc)
     }
 }
-
-/// Calls a SIMD `panel::<R>` kernel with its `R` rows (`mr`, 1 to [`MR`]) as a constant.
-#[cfg(target_arch = "x86_64")]
-macro_rules! by_rows {
-    ($($panel:ident)::+, $mr:expr, ($($arg:expr),+)) => {
-        match $mr {
-            1 => $($panel)::+::<1>($($arg),+),
-            2 => $($panel)::+::<2>($($arg),+),
-            3 => $($panel)::+::<3>($($arg),+),
-            _ => $($panel)::+::<4>($($arg),+),
-        }
-    };
-}
-#[cfg(target_arch = "x86_64")]
-use by_rows;
 
 /// The reference semantics of the kernel; the SIMD versions give its bits. Integer sums are
 /// exact (a sub-block's `Σu·q` is at most 16·63·127, times `sc` ≤ 127, sixteen of them: under
@@ -543,16 +530,9 @@ fn q6k(b: &[u8]) -> SuperRow {
 mod tests {
     use super::super::linear::Linear;
     use super::*;
-    use crate::test_support::values;
-    use candle_core::{Device, Tensor};
+    use crate::test_support::{quantized, values};
 
     const FORMATS: [GgmlDType; 3] = [GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K];
-
-    /// A weight in `dtype` through candle's quantizer.
-    fn weight(dtype: GgmlDType, n: usize, k: usize, seed: u64) -> QTensor {
-        let w = Tensor::from_vec(values(n * k, seed), (n, k), &Device::Cpu).unwrap();
-        QTensor::quantize(&w, dtype).unwrap()
-    }
 
     /// Each output is `Σ w·d_x·q` over the dequantized weights and activations, up to f32
     /// rounding: the integer sums are exact.
@@ -562,7 +542,7 @@ mod tests {
         let x = values(rows * k, 99);
         let acts = SuperActivations::quantize(&x);
         for dtype in FORMATS {
-            let lin = Linear::from_qtensor(&weight(dtype, n, k, 7)).unwrap();
+            let lin = Linear::from_qtensor(&quantized(dtype, n, k, 7)).unwrap();
             let mut y = vec![0f32; rows * n];
             lin.matmul(&x, &mut y);
             for r in 0..rows {
@@ -590,10 +570,9 @@ mod tests {
         let x = values(MR * k, 3);
         let acts = SuperActivations::quantize(&x);
         for dtype in FORMATS {
-            let lin = Linear::from_qtensor(&weight(dtype, n, k, 11)).unwrap();
-            let t = SuperTiles::from_qtensor(&weight(dtype, n, k, 11))
-                .unwrap()
-                .unwrap();
+            let q = quantized(dtype, n, k, 11);
+            let lin = Linear::from_qtensor(&q).unwrap();
+            let t = SuperTiles::from_qtensor(&q).unwrap().unwrap();
             let fold = t.format == Format::Zero32;
             let tiles = &t.tiles[..k / QK_K];
             for mr in 1..=MR {
@@ -606,13 +585,13 @@ mod tests {
                     if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
                         let rows = acts.rows(0, mr, k);
                         // SAFETY: the features were just detected.
-                        unsafe { by_rows!(avx512::panel, mr, (tiles, fold, rows, &mut b)) };
+                        unsafe { by_rows!(avx512::panel, [], mr, (tiles, fold, rows, &mut b)) };
                         assert_eq!(a[..mr], b[..mr], "{dtype:?} AVX-512, {mr} rows");
                     }
                     if has!("avx2") && has!("fma") {
                         let rows = acts.rows(0, mr, k);
                         // SAFETY: the features were just detected.
-                        unsafe { by_rows!(avx2::panel, mr, (tiles, fold, rows, &mut b)) };
+                        unsafe { by_rows!(avx2::panel, [], mr, (tiles, fold, rows, &mut b)) };
                         assert_eq!(a[..mr], b[..mr], "{dtype:?} AVX2, {mr} rows");
                     }
                 }

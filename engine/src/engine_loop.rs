@@ -33,7 +33,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use candle_core::D;
-use rayon::prelude::*;
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc::Sender;
 
@@ -51,6 +50,7 @@ use crate::scheduler::{PlanItem, Scheduler, SchedulerConfig, StepPlan};
 use crate::sequence::Sequence;
 use crate::speculative::Drafter;
 use crate::stop::TextStream;
+use crate::team;
 
 /// The most events one step sends a request: its prompt's log-probabilities, a token, the
 /// text held back, and the end. A request whose buffer has less room is not being read.
@@ -798,23 +798,22 @@ impl EngineLoop {
             let context = self.lanes[out.model].model.config().context_length;
             let room = (out.max_tokens.saturating_sub(seq.num_generated()))
                 .min(context.saturating_sub(seq.tokens().len()));
-            work.push((item, out, picks, room));
+            // Replaced by the sampler's result (or its panic) below.
+            let stepped: std::thread::Result<Stepped> = Err(Box::new("not sampled"));
+            work.push((item, out, picks, room, stepped));
         }
-        let take = |(item, out, picks, room): &mut (&PlanItem, Output, Picks, usize)| {
+        team::for_each_mut(&mut work, |(item, out, picks, room, stepped)| {
             let draft = &item.tokens[item.tokens.len() - item.draft..];
-            panic::catch_unwind(AssertUnwindSafe(|| out.take(picks, draft, *room)))
-        };
-        let stepped: Vec<std::thread::Result<Stepped>> = if work.len() > 1 {
-            work.par_iter_mut().map(take).collect()
-        } else {
-            work.iter_mut().map(take).collect()
-        };
+            *stepped = panic::catch_unwind(AssertUnwindSafe(|| out.take(picks, draft, *room)));
+        });
         // Every output goes back before any result is applied: should applying one panic, the
         // loop's recovery finds every request in flight there.
-        let items: Vec<&PlanItem> = work.iter().map(|(item, ..)| *item).collect();
-        self.outputs
-            .extend(work.into_iter().map(|(item, out, ..)| (item.id, out)));
-        for (item, stepped) in items.into_iter().zip(stepped) {
+        let mut results = Vec::with_capacity(work.len());
+        for (item, out, _, _, stepped) in work {
+            self.outputs.insert(item.id, out);
+            results.push((item, stepped));
+        }
+        for (item, stepped) in results {
             match stepped {
                 Ok(stepped) => self.on_sampled(item, stepped),
                 Err(payload) => {

@@ -37,6 +37,7 @@ pub mod scheduler;
 pub mod sequence;
 pub mod speculative;
 pub mod stop;
+pub mod team;
 #[cfg(test)]
 pub(crate) mod test_support;
 
@@ -68,6 +69,7 @@ use kv_cache::{HostStore, KvConfig, KvGroup, KvShape, KvStorage};
 use model::{Backend, Gguf, Llama, LlamaConfig};
 use scheduler::SchedulerConfig;
 use speculative::DraftPolicy;
+use team::Team;
 
 /// What callers need to know about the served model.
 pub struct ModelInfo {
@@ -485,10 +487,15 @@ impl EngineHandle {
             drafts: DraftPolicy::new(config.speculative, config.speculative_step_tokens),
         };
         let (tx, rx) = std::sync::mpsc::channel();
+        // The engine's parallel loops run on its team; candle's own operations between them
+        // (norms, RoPE) are small and run on the engine thread, in a one-thread rayon pool, so
+        // that they neither start rayon's global pool nor compete with the team for the cores.
+        let threads = config.threads();
         let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(config.threads())
-            .thread_name(|i| format!("swarmgate-compute-{i}"))
+            .num_threads(1)
             .build()
+            .map_err(|e| EngineError::Model(format!("cannot start the engine thread: {e}")))?;
+        let team = Team::new(threads)
             .map_err(|e| EngineError::Model(format!("cannot start compute threads: {e}")))?;
         let loop_stats = stats.clone();
         let (running_tx, running) = tokio::sync::watch::channel(());
@@ -504,7 +511,7 @@ impl EngineHandle {
                     scheduler,
                     run_scheduling,
                 };
-                pool.install(move || EngineLoop::new(setup, rx, loop_stats).run())
+                pool.install(|| team.install(|| EngineLoop::new(setup, rx, loop_stats).run()))
             })
             .map_err(|e| EngineError::Model(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {

@@ -27,9 +27,9 @@
 //! paged decode kernel ([`super::paged_kernel`]). The tests hold both, the kernel through its CPU
 //! reference, against the loop above.
 
+use crate::team;
 use candle_core::Tensor;
 use half::f16;
-use rayon::prelude::*;
 
 use super::paged_kernel::PagedDecode;
 use crate::kv_cache::{BlockId, KvLayout};
@@ -105,31 +105,30 @@ pub fn paged_attention(
         parts.push(part);
         rest = tail;
     }
-    parts
-        .into_par_iter()
-        .zip(tiles.par_iter())
-        .for_each(|(out, &(s, t0, t1))| {
-            let seq = &seqs[s];
-            let q = &q[(seq.start + t0) * row..(seq.start + t1) * row];
-            let (lo, base) = (first(seq, t0), first(seq, 0));
-            for g in 0..layout.n_kv_heads {
-                let head = KvHead {
-                    keys,
-                    values,
-                    at: &at[s][lo - base..seq.pos0 + t1 - base],
-                    shift: g * bs * hd,
-                    hd,
-                };
-                let tile = Tile {
-                    stride: row,
-                    offset: g * group * hd,
-                    group,
-                    tokens: t1 - t0,
-                    ctx0: seq.pos0 + t0 + 1 - lo,
-                };
-                attend(q, out, &tile, &head, scale);
-            }
-        });
+    let mut work: Vec<_> = parts.into_iter().zip(&tiles).collect();
+    team::for_each_mut(&mut work, |(out, tile)| {
+        let (s, t0, t1) = **tile;
+        let seq = &seqs[s];
+        let q = &q[(seq.start + t0) * row..(seq.start + t1) * row];
+        let (lo, base) = (first(seq, t0), first(seq, 0));
+        for g in 0..layout.n_kv_heads {
+            let head = KvHead {
+                keys,
+                values,
+                at: &at[s][lo - base..seq.pos0 + t1 - base],
+                shift: g * bs * hd,
+                hd,
+            };
+            let tile = Tile {
+                stride: row,
+                offset: g * group * hd,
+                group,
+                tokens: t1 - t0,
+                ctx0: seq.pos0 + t0 + 1 - lo,
+            };
+            attend(q, out, &tile, &head, scale);
+        }
+    });
 }
 
 /// One KV head of one sequence: its positions' vectors start at `at[j] + shift` in `keys` and

@@ -31,9 +31,9 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor};
 use half::f16;
-use rayon::prelude::*;
 
 use super::super_blocks::{SuperActivations, SuperTiles, QK_K};
+use crate::team::{self, SendPtr};
 
 /// Output features per panel.
 pub const NR: usize = 32;
@@ -328,16 +328,14 @@ impl Linear {
         kernel: impl Fn(usize, usize, usize, &mut [[f32; NR]; MR]) + Sync,
     ) {
         let n = self.out_features;
-        let dst_ptr = SendPtr(dst.as_mut_ptr());
+        let dst_ptr = SendPtr::new(dst);
         let panels = n.div_ceil(NR);
         // Enough work per task to amortise scheduling (about MIN_TASK_TILES tiles of 32 x 32
         // weights times the rows), enough tasks to keep every core busy: a single row's
         // matrix-vector product splits too, not only the wide ones.
         let min_len = MIN_TASK_TILES.div_ceil(kb * rows.max(1)).max(1);
-        (0..panels)
-            .into_par_iter()
-            .with_min_len(min_len)
-            .for_each(|panel| {
+        team::for_each(panels.div_ceil(min_len), |task| {
+            for panel in task * min_len..((task + 1) * min_len).min(panels) {
                 let cols = NR.min(n - panel * NR);
                 let mut r0 = 0;
                 while r0 < rows {
@@ -353,7 +351,8 @@ impl Linear {
                     }
                     r0 += mr;
                 }
-            });
+            }
+        });
     }
 }
 
@@ -393,12 +392,21 @@ impl Activations {
     fn quantize(x: &[f32]) -> Self {
         let mut codes = vec![0i8; x.len()];
         let mut scales = vec![BlockScale::default(); x.len() / QK];
-        codes
-            .par_chunks_mut(QK)
-            .zip(scales.par_iter_mut())
-            .zip(x.par_chunks(QK))
-            .with_min_len(1024)
-            .for_each(|((q, scale), x)| *scale = quantize_block(x, q));
+        // Parallel only for long prefills: a few hundred blocks take a microsecond.
+        const PER_TASK: usize = 1024;
+        let mut parts: Vec<_> = (codes.chunks_mut(QK * PER_TASK))
+            .zip(scales.chunks_mut(PER_TASK))
+            .zip(x.chunks(QK * PER_TASK))
+            .collect();
+        team::for_each_mut(&mut parts, |((q, scales), x)| {
+            for ((q, scale), x) in q
+                .chunks_exact_mut(QK)
+                .zip(scales.iter_mut())
+                .zip(x.chunks_exact(QK))
+            {
+                *scale = quantize_block(x, q);
+            }
+        });
         Self { codes, scales }
     }
 
@@ -442,17 +450,6 @@ fn quantize_block(x: &[f32], q: &mut [i8]) -> BlockScale {
 struct RowTile<'a> {
     codes: &'a [i8],
     scales: &'a [BlockScale],
-}
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: used only to hand disjoint output ranges to rayon tasks.
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 impl CustomOp1 for Linear {

@@ -32,6 +32,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor};
 use half::f16;
 
+use super::fused::{Input, Prepared};
 use super::super_blocks::{SuperActivations, SuperTiles, QK_K};
 use crate::team::{self, SendPtr};
 
@@ -283,15 +284,21 @@ impl Linear {
 
     /// The kernel on plain slices: `dst[rows * out_features] = x[rows * in_features] W^T`.
     pub fn matmul(&self, x: &[f32], dst: &mut [f32]) {
+        self.matmul_input(Input::Rows(x), dst)
+    }
+
+    /// The kernel on inputs computed as they are quantized (see [`Input`]):
+    /// `dst[rows * out_features] = input[rows * in_features] W^T`.
+    pub fn matmul_input(&self, input: Input, dst: &mut [f32]) {
         let (k, n) = (self.in_features, self.out_features);
-        let rows = x.len() / k;
-        assert_eq!(x.len(), rows * k, "input is not a whole number of rows");
+        let rows = input.rows(k).expect("input is not a whole number of rows");
         assert_eq!(dst.len(), rows * n, "output size mismatch");
+        let input = input.prepare(k);
         match &self.tiles {
-            Tiles::Four(t) => self.matmul_tiles(t, x, rows, dst),
-            Tiles::Eight(t) => self.matmul_tiles(t, x, rows, dst),
+            Tiles::Four(t) => self.matmul_tiles(t, &input, dst),
+            Tiles::Eight(t) => self.matmul_tiles(t, &input, dst),
             Tiles::Super(t) => {
-                let acts = SuperActivations::quantize(x);
+                let acts = SuperActivations::quantize(&input);
                 let kb = k / QK_K;
                 self.by_panels(k / QK, rows, dst, |panel, r0, mr, acc| {
                     let tiles = &t.tiles[panel * kb..(panel + 1) * kb];
@@ -301,17 +308,11 @@ impl Linear {
         }
     }
 
-    fn matmul_tiles<const B: usize>(
-        &self,
-        tiles: &[Tile<B>],
-        x: &[f32],
-        rows: usize,
-        dst: &mut [f32],
-    ) {
+    fn matmul_tiles<const B: usize>(&self, tiles: &[Tile<B>], input: &Prepared, dst: &mut [f32]) {
         let (k, zero) = (self.in_features, self.zero);
         let kb = k / QK;
-        let acts = Activations::quantize(x);
-        self.by_panels(kb, rows, dst, |panel, r0, mr, acc| {
+        let acts = Activations::quantize(input);
+        self.by_panels(kb, input.rows(), dst, |panel, r0, mr, acc| {
             let tiles = &tiles[panel * kb..(panel + 1) * kb];
             panel_kernel(tiles, zero, acts.rows(r0, mr, k), mr, acc)
         })
@@ -389,22 +390,24 @@ struct Activations {
 }
 
 impl Activations {
-    fn quantize(x: &[f32]) -> Self {
-        let mut codes = vec![0i8; x.len()];
-        let mut scales = vec![BlockScale::default(); x.len() / QK];
+    fn quantize(input: &Prepared) -> Self {
+        let (rows, k) = (input.rows(), input.k());
+        let kb = k / QK;
+        let mut codes = vec![0i8; rows * k];
+        let mut scales = vec![BlockScale::default(); rows * kb];
         // Parallel only for long prefills: a few hundred blocks take a microsecond.
         const PER_TASK: usize = 1024;
         let mut parts: Vec<_> = (codes.chunks_mut(QK * PER_TASK))
             .zip(scales.chunks_mut(PER_TASK))
-            .zip(x.chunks(QK * PER_TASK))
+            .enumerate()
             .collect();
-        team::for_each_mut(&mut parts, |((q, scales), x)| {
-            for ((q, scale), x) in q
-                .chunks_exact_mut(QK)
-                .zip(scales.iter_mut())
-                .zip(x.chunks_exact(QK))
-            {
-                *scale = quantize_block(x, q);
+        team::for_each_mut(&mut parts, |(task, (q, scales))| {
+            let mut x = [0f32; QK];
+            let blocks = q.chunks_exact_mut(QK).zip(scales.iter_mut());
+            for (i, (q, scale)) in blocks.enumerate() {
+                let block = *task * PER_TASK + i;
+                input.fill(block / kb, block % kb * QK, &mut x);
+                *scale = quantize_block(&x, q);
             }
         });
         Self { codes, scales }
@@ -1056,7 +1059,7 @@ mod tests {
     ) {
         let k = 128;
         let x = input(MR, k);
-        let acts = Activations::quantize(&x);
+        let acts = Activations::quantize(&Input::Rows(&x).prepare(k));
         let rows = |mr: usize| RowTile {
             codes: &acts.codes[..mr * k],
             scales: &acts.scales[..mr * (k / QK)],

@@ -20,6 +20,7 @@ use candle_nn::ops::rms_norm;
 use candle_nn::rotary_emb::{rope, rope_i};
 
 use super::attention::{paged_attention, paged_attention_ops, DecodeAttention, SeqSlice};
+use super::fused::{Gate, GatedLinear, NormedLinear};
 use super::gguf::Gguf;
 use super::linear::Linear;
 use super::paged_kernel::kernel_fits;
@@ -158,6 +159,31 @@ impl Proj {
                 }
             },
         })
+    }
+
+    /// `forward(rms_norm(x, weight))`: on the CPU kernels, the norm fused into the activations'
+    /// quantization.
+    fn forward_normed(&self, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+        Ok(match self {
+            Self::Kernels(linear) => x.apply_op2_no_bwd(weight, &NormedLinear { linear, eps })?,
+            Self::Quantized(_) => self.forward(&rms_norm(x, weight, eps)?)?,
+        })
+    }
+
+    /// `forward(gate(g)·u)` of rows `[g | u]`: on the CPU kernels, the activation and the
+    /// product of the halves fused into the activations' quantization.
+    fn forward_gated(&self, gate_up: &Tensor, gate: Gate) -> Result<Tensor> {
+        if let Self::Kernels(linear) = self {
+            return Ok(gate_up.apply_op1_no_bwd(&GatedLinear { linear, gate })?);
+        }
+        let width = gate_up.dim(D::Minus1)? / 2;
+        let g = gate_up.narrow(D::Minus1, 0, width)?;
+        let u = gate_up.narrow(D::Minus1, width, width)?;
+        let g = match gate {
+            Gate::Silu => candle_nn::ops::silu(&g)?,
+            Gate::GeluTanh => g.gelu()?,
+        };
+        self.forward(&(g * u)?)
     }
 
     /// Bytes the weights take where they live.
@@ -641,8 +667,7 @@ impl Llama {
         let c = &self.config;
         let t = x.dim(0)?;
         let (q_width, kv_width) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
-        let h = rms_norm(x, &layer.attn_norm, c.rms_eps)?;
-        let qkv = layer.qkv.forward(&h)?;
+        let qkv = layer.qkv.forward_normed(x, &layer.attn_norm, c.rms_eps)?;
         let heads = |offset: usize, n: usize| -> Result<Tensor> {
             let part = qkv
                 .narrow(D::Minus1, offset, n * c.head_dim)?
@@ -681,16 +706,15 @@ impl Llama {
         };
         let x = (x + post(layer.o.forward(&attn)?, |n| &n.post_attn)?)?;
 
-        let h = rms_norm(&x, &layer.ffn_norm, c.rms_eps)?;
-        let gate_up = layer.gate_up.forward(&h)?;
-        let gate = gate_up.narrow(D::Minus1, 0, c.intermediate)?;
-        let up = gate_up.narrow(D::Minus1, c.intermediate, c.intermediate)?;
+        let gate_up = layer
+            .gate_up
+            .forward_normed(&x, &layer.ffn_norm, c.rms_eps)?;
         let gate = match c.arch {
-            Arch::Llama => candle_nn::ops::silu(&gate)?,
+            Arch::Llama => Gate::Silu,
             // The tanh approximation, as Gemma and llama.cpp compute it.
-            Arch::Gemma3 => gate.gelu()?,
+            Arch::Gemma3 => Gate::GeluTanh,
         };
-        let down = layer.down.forward(&(gate * up)?)?;
+        let down = layer.down.forward_gated(&gate_up, gate)?;
         Ok((x + post(down, |n| &n.post_ffn)?)?)
     }
 

@@ -10,6 +10,7 @@ mod bert_encoder;
 pub mod chat_prompt;
 pub mod chat_template;
 mod dense;
+mod fused;
 pub mod gguf;
 pub mod linear;
 pub mod llama;

@@ -19,6 +19,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
 #[cfg(target_arch = "x86_64")]
+use super::fused::Prepared;
 use super::linear::{by_rows, x86};
 use super::linear::{MR, NR};
 
@@ -407,10 +408,16 @@ pub struct SuperActivations {
 }
 
 impl SuperActivations {
-    pub fn quantize(x: &[f32]) -> Self {
-        let mut codes = vec![0i8; x.len()];
-        let scales = (codes.chunks_exact_mut(QK_K).zip(x.chunks_exact(QK_K)))
-            .map(|(q, x)| quantize_super_block(x, q))
+    pub fn quantize(input: &Prepared) -> Self {
+        let (rows, k) = (input.rows(), input.k());
+        let kb = k / QK_K;
+        let mut codes = vec![0i8; rows * k];
+        let mut x = [0f32; QK_K];
+        let scales = (codes.chunks_exact_mut(QK_K).enumerate())
+            .map(|(block, q)| {
+                input.fill(block / kb, block % kb * QK_K, &mut x);
+                quantize_super_block(&x, q)
+            })
             .collect();
         Self { codes, scales }
     }
@@ -530,6 +537,7 @@ fn q6k(b: &[u8]) -> SuperRow {
 mod tests {
     use super::super::linear::Linear;
     use super::*;
+    use crate::model::fused::Input;
     use crate::test_support::{quantized, values};
 
     const FORMATS: [GgmlDType; 3] = [GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K];
@@ -540,7 +548,7 @@ mod tests {
     fn products_are_the_dequantized_sums() {
         let (n, k, rows) = (40, 512, 5);
         let x = values(rows * k, 99);
-        let acts = SuperActivations::quantize(&x);
+        let acts = SuperActivations::quantize(&Input::Rows(&x).prepare(k));
         for dtype in FORMATS {
             let lin = Linear::from_qtensor(&quantized(dtype, n, k, 7)).unwrap();
             let mut y = vec![0f32; rows * n];
@@ -568,7 +576,7 @@ mod tests {
     fn kernels_agree_bit_for_bit_and_rows_stand_alone() {
         let (n, k) = (64, 512);
         let x = values(MR * k, 3);
-        let acts = SuperActivations::quantize(&x);
+        let acts = SuperActivations::quantize(&Input::Rows(&x).prepare(k));
         for dtype in FORMATS {
             let q = quantized(dtype, n, k, 11);
             let lin = Linear::from_qtensor(&q).unwrap();
